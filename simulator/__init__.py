@@ -1,0 +1,1 @@
+"""servesim simulator core: requests, KV cache, scheduler policies, replica engine, CLI."""

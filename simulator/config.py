@@ -1,0 +1,220 @@
+"""Experiment configuration: YAML → validated, resolved :class:`ExperimentConfig`.
+
+Sections and field names follow vLLM's own config (``VllmConfig``): ``model``, ``hardware``,
+``parallel``, ``cache``, ``scheduler``, ``compilation``, ``workload``, ``slo``, ``output``.
+Every section forbids unknown keys. ``--set a.b=value`` overrides are applied to the YAML tree
+*before* validation, so they are typed by the schema and may switch ``workload.kind``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.simulator.errors import ConfigError
+from servesim.workloads.config import RandomWorkload, WorkloadConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ParallelConfig(_Section):
+    tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
+    data_parallel_size: PositiveInt = 1
+
+
+class CacheConfig(_Section):
+    block_size: PositiveInt = Field(16, description="Tokens per KV block")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    num_gpu_blocks_override: Optional[PositiveInt] = None
+    allocator: str = Field("paged", description="KV allocator policy (registry name)")
+
+
+class SchedulerConfig(_Section):
+    policy: str = Field("fcfs", description="fcfs | priority | any registered policy")
+    max_num_seqs: Optional[PositiveInt] = Field(
+        None, description="Default as vLLM picks it: 1024 on >=70 GiB non-A100 GPUs, else 256"
+    )
+    max_num_batched_tokens: Optional[PositiveInt] = Field(
+        None, description="Per-step token budget; default 8192 on >=70 GiB non-A100 GPUs, else 2048"
+    )
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    enable_chunked_prefill: bool = True
+    async_scheduling: bool = Field(
+        False, description="Overlap host (scheduling, input prep) with the GPU step"
+    )
+
+
+class CompilationConfig(_Section):
+    cudagraph_mode: Literal[
+        "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
+    ] = "FULL_AND_PIECEWISE"
+    max_cudagraph_capture_size: Optional[PositiveInt] = Field(
+        None, description="Default min(2*max_num_seqs, 512)"
+    )
+    cudagraph_capture_sizes: Optional[list[PositiveInt]] = None
+
+
+class SLOConfig(_Section):
+    """Per-request SLOs for goodput, as ``vllm bench serve --goodput ttft:MS tpot:MS e2el:MS``."""
+
+    ttft_ms: Optional[float] = Field(None, gt=0)
+    tpot_ms: Optional[float] = Field(None, gt=0)
+    e2el_ms: Optional[float] = Field(None, gt=0)
+
+
+class OutputConfig(_Section):
+    percentile_metrics: str = Field(
+        "ttft,tpot,itl,e2el", description="vllm bench --percentile-metrics"
+    )
+    metric_percentiles: str = Field("99", description="vllm bench --metric-percentiles")
+    save_detailed: bool = Field(False, description="vllm bench --save-detailed arrays")
+    timeseries_interval_s: Optional[float] = Field(
+        None, gt=0, description="Sample timeseries.csv every N s (default: every engine step, "
+        "or 1 s for runs of more than 200k steps)"
+    )
+    label: Optional[str] = None
+
+
+class ExperimentConfig(_Section):
+    model: ModelConfig = ModelConfig()
+    hardware: HardwareConfig = HardwareConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    compilation: CompilationConfig = CompilationConfig()
+    workload: WorkloadConfig = RandomWorkload()
+    slo: SLOConfig = SLOConfig()
+    output: OutputConfig = OutputConfig()
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_jsonable(self.model_dump(mode="python")), sort_keys=False)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"scheduler.max_num_seqs=128"`` → (["scheduler", "max_num_seqs"], 128).
+
+    The value is parsed as YAML (so ``true``, ``1e3``, ``[1, 2]`` work); the schema types it.
+    """
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected section.key=value")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"--set {item}: expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Apply ``--set`` items to a raw YAML tree.
+
+    Switching ``workload.kind`` (e.g. from the file's ``random`` to ``trace``) starts the
+    workload section afresh (keeping only ``seed``): the old kind's keys mean nothing to the new.
+    """
+    tree = copy.deepcopy(tree)
+    for item in overrides:
+        path, value = parse_override(item)
+        if path == ["workload", "kind"]:
+            old = tree.get("workload") if isinstance(tree.get("workload"), dict) else {}
+            if old.get("kind", "random") != value:
+                tree["workload"] = {k: v for k, v in old.items() if k == "seed"}
+        node = tree
+        for p in path[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            elif not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item}: {'.'.join(path[:-1])} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return tree
+
+
+def _describe_error(err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    for kind in ("random", "trace", "synthetic", "sessions"):  # drop the union tag from paths
+        loc = loc.replace(f"workload.{kind}.", "workload.")
+    typ = err["type"]
+    inp = err.get("input")
+    if typ == "extra_forbidden":
+        return f"{loc}: unknown key (not a field of this section)"
+    if typ == "missing":
+        return f"{loc}: required field is missing"
+    msg = err["msg"]
+    if typ.endswith("_parsing") or typ.endswith("_type"):
+        return f"{loc}: {msg[0].lower() + msg[1:]}, got {inp!r}"
+    return f"{loc}: {msg[0].lower() + msg[1:]} (got {inp!r})"
+
+
+def validate_tree(tree: dict, source: str) -> ExperimentConfig:
+    """Validate a raw YAML tree; raise :class:`ConfigError` naming file and key path."""
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    wl = tree.get("workload")
+    if isinstance(wl, dict) and "kind" not in wl:
+        tree = {**tree, "workload": {"kind": "random", **wl}}
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as e:
+        first = e.errors()[0]
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ConfigError(f"{source}: {_describe_error(first)}{more}") from None
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file")
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}{where}: invalid YAML: {problem}") from None
+    return tree or {}
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load YAML (or defaults when ``path`` is None), apply ``--set`` overrides, validate."""
+    tree = load_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "<defaults>"
+    if overrides:
+        tree = apply_overrides(tree, overrides)
+        source += " (with --set overrides)"
+    return validate_tree(tree, source)

@@ -1,0 +1,52 @@
+"""Canonical request schema shared by every importer and generator.
+
+Units: seconds and tokens. A workload is an iterator of :class:`RequestSpec` in non-decreasing
+``arrival_s`` order, so a 10-million-row trace streams without being held in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Protocol
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request as the client sends it.
+
+    ``prefix_block_ids`` gives content ids for the request's leading *full* KV blocks at the
+    engine's block size (prompt first, and it may run on into the output for multi-turn
+    sessions, whose next turn re-sends this turn's output). Two requests whose leading ids are
+    equal share that prefix in the prefix cache; blocks past the list are unique to the request.
+    ``prompt_token_ids`` (when the trace has real token ids) plays the same role at token level.
+    """
+
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    request_id: Optional[str] = None
+    prefix_block_ids: Optional[tuple[int, ...]] = None
+    prompt_token_ids: Optional[tuple[int, ...]] = None
+    priority: int = 0
+    session_id: Optional[str] = None
+    turn: int = 0
+    lora: Optional[str] = None
+    ignore_eos: bool = True
+    # Closed-loop dependency (multi-turn sessions): the request is sent ``think_time_s`` after
+    # request ``parent_id`` finishes, and never before ``arrival_s``.
+    parent_id: Optional[str] = None
+    think_time_s: float = 0.0
+    cache_salt: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+
+class Workload(Protocol):
+    """What the simulator consumes: requests in arrival order plus bench metadata."""
+
+    def __iter__(self) -> Iterator[RequestSpec]: ...
+
+    @property
+    def meta(self) -> dict:
+        """``vllm bench serve`` traffic fields for result.json: ``num_prompts``,
+        ``request_rate`` (float or inf), ``burstiness``, ``max_concurrency``, ``dataset_name``."""
+        ...
