@@ -1,1 +1,1 @@
-
+"""Workloads: the canonical request schema, trace importers, synthetic generators, transforms."""
