@@ -1,0 +1,430 @@
+"""``result.json``: a :class:`RunResult` as ``vllm bench serve --save-result`` would write it.
+
+Key set, order and units follow vLLM's ``vllm/benchmarks/serve.py`` (reference:
+``ecosystem-formats.md`` §2.2–2.3); metric definitions follow its ``calculate_metrics``:
+
+- completed = requests with ``finished_reason`` stop/length; failed = every other request
+  (rejected, aborted, still in flight at the end), so ``completed + failed == num_prompts``.
+- TTFT = first token − send; E2EL = finish − send (both from ``send_s`` like the bench client).
+- TPOT = (E2EL − TTFT) / (output_len − 1), only for output_len > 1 (0 for goodput otherwise).
+- ITL = the pooled inter-token gaps of the run (``itl_values`` × ``itl_counts``).
+- mean / median / std (population) / ``np.percentile`` (linear) in **ms**; empty → 0 like
+  vLLM's ``np.mean(x or 0)``.
+- goodput = requests meeting every configured SLO (``metric <= slo``) / duration.
+- throughputs over ``RunResult.duration_s``; token totals count completed requests only.
+
+Values chosen where vLLM's come from the client's command line (a vLLM user reading a
+servesim file sees what the default ``vllm bench serve`` writes):
+
+- ``endpoint_type`` = ``backend`` = ``"openai"`` (vLLM's default ``--backend``; vLLM writes
+  ``endpoint_type = args.backend`` for backward compatibility).
+- ``model_id`` = ``tokenizer_id`` = ``cfg.model.name`` (vLLM's tokenizer defaults to the model).
+- ``label`` = ``cfg.output.label`` (null when unset, like vLLM without ``--label``).
+- ``date``: UTC (vLLM uses local time) so files do not depend on the host's timezone.
+- ``queue_times`` (per request, s): the client-side wait before sending
+  (``send_s − arrival_s``; non-zero only under ``max_concurrency``); the server-side queue time
+  is ``queue_s`` in ``requests.csv``.
+- ``max_output_tokens_per_s``: vLLM buckets per-token timestamps by 1 s. servesim has no
+  per-token timestamps, so tokens are counted per engine step at the step's end time
+  (``vllm:generation_tokens_total`` differences when the timeseries has that counter, else
+  ``num_decode_reqs`` per step plus one first token per completed request at ``first_token_s``)
+  and bucketed by ``floor(t − t0)`` with ``t0`` the first send of a completed request. Exact
+  when every step is recorded (``output.timeseries_interval_s`` unset).
+- ``max_concurrent_requests``: exact sweep line over ``[send_s, finish_s)`` of completed
+  requests (a finish and a send at the same instant do not overlap).
+- Detailed arrays (``save_detailed``): seconds; ``ttfts``/``latencies`` are 0.0 for failed
+  requests (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
+  per request come from ``result.request_itls`` when the engine provides it, else ``null``.
+
+Extras after vLLM's keys: see :data:`EXTRA_KEYS`. ``wall_seconds`` and ``sim_speed`` are host
+timings (:data:`VOLATILE_KEYS`); ``write_run`` keeps them out of ``result.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+from servesim.simulator.metrics import RunResult
+
+MILLISECONDS_PER_SECOND = 1000.0
+COMPLETED_REASONS = ("stop", "length")
+# Above this many pooled ITL samples, statistics are computed from (value, count) pairs
+# instead of an np.repeat expansion (same definitions; avoids GBs of memory).
+_ITL_EXPAND_LIMIT = 20_000_000
+
+# (attribute name, console name, console section header) in vLLM's fixed print/save order
+METRIC_INFO = (
+    ("ttft", "TTFT", "Time to First Token"),
+    ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+    ("itl", "ITL", "Inter-token Latency"),
+    ("e2el", "E2EL", "End-to-end Latency"),
+    ("client_queue_time", "Client Queue Time", "Client Queue Time"),
+    ("e2el_including_client_queue", "E2EL incl. Client Queue", "E2EL incl. Client Queue"),
+)
+_CLIENT_QUEUE_METRICS = ("client_queue_time", "e2el_including_client_queue")
+
+
+def _metric_keys(metric: str, percentiles: list[float]) -> list[str]:
+    return [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms"] + [
+        f"p{percentile_word(p)}_{metric}_ms" for p in percentiles
+    ]
+
+
+def percentile_word(p: float) -> str:
+    """``99.0 → "99"``, ``99.9 → "99.9"`` (vLLM's ``p{P}_..._ms`` key spelling)."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+# vLLM's keys for the default metric set (ttft,tpot,itl,e2el at p99), without --save-detailed,
+# --metadata, ramp-up, --max-concurrency extras or speculative decoding — in written order.
+VLLM_BENCH_KEYS: list[str] = [
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency",
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+    "latencies", "queue_times",
+    "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
+    *(k for m in ("ttft", "tpot", "itl", "e2el") for k in _metric_keys(m, [99.0])),
+]  # fmt: skip
+RAMP_UP_KEYS = ["ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"]
+DETAILED_KEYS = [
+    "input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors",
+]  # fmt: skip
+# servesim's own keys, written after vLLM's
+EXTRA_KEYS = [
+    "simulated", "servesim_version", "config_hash", "seed", "dataset_name", "gpu", "num_gpus",
+    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "num_gpu_blocks",
+    "num_preemptions", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
+    "num_steps", "wall_seconds", "sim_speed",
+]  # fmt: skip
+# host-timing facts: not reproducible, kept out of result.json by write_run
+VOLATILE_KEYS = ("wall_seconds", "sim_speed")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _num(x: Any) -> Any:
+    """numpy scalar → Python; NaN/inf → None (JSON has neither)."""
+    if x is None:
+        return None
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _floats(a: np.ndarray, fill: float | None = 0.0) -> list:
+    """Array → list of Python floats, NaN/inf replaced by ``fill``."""
+    a = np.asarray(a, dtype=float)
+    return [v if math.isfinite(v) else fill for v in a.tolist()]
+
+
+def _stats(values: np.ndarray, percentiles: list[float]) -> dict[str, float]:
+    """mean/median/std/percentiles in ms of ``values`` (s), with vLLM's ``x or 0`` for empty."""
+    x = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
+    out = {
+        "mean": float(np.mean(x)) * MILLISECONDS_PER_SECOND,
+        "median": float(np.median(x)) * MILLISECONDS_PER_SECOND,
+        "std": float(np.std(x)) * MILLISECONDS_PER_SECOND,
+    }
+    for p in percentiles:
+        out[f"p{percentile_word(p)}"] = float(np.percentile(x, p)) * MILLISECONDS_PER_SECOND
+    return out
+
+
+def _weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> float:
+    """``np.percentile(np.repeat(values, counts), p)`` (linear) without the expansion."""
+    order = np.argsort(values, kind="stable")
+    v, c = values[order], counts[order]
+    cum = np.cumsum(c)
+    n = int(cum[-1])
+    rank = p / 100.0 * (n - 1)
+    lo, hi = math.floor(rank), math.ceil(rank)
+    x_lo = v[np.searchsorted(cum, lo, side="right")]
+    x_hi = v[np.searchsorted(cum, hi, side="right")]
+    return float(x_lo + (x_hi - x_lo) * (rank - lo))
+
+
+def _itl_stats(values: np.ndarray, counts: np.ndarray, percentiles: list[float]) -> dict:
+    values = np.asarray(values, dtype=float)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    total = int(counts.sum()) if len(counts) else 0
+    if total <= _ITL_EXPAND_LIMIT:
+        return _stats(np.repeat(values, counts), percentiles)
+    w = counts / total
+    mean = float(np.sum(values * w))
+    out = {
+        "mean": mean * MILLISECONDS_PER_SECOND,
+        "median": _weighted_percentile(values, counts, 50.0) * MILLISECONDS_PER_SECOND,
+        "std": math.sqrt(float(np.sum(w * (values - mean) ** 2))) * MILLISECONDS_PER_SECOND,
+    }
+    for p in percentiles:
+        key = f"p{percentile_word(p)}"
+        out[key] = _weighted_percentile(values, counts, p) * MILLISECONDS_PER_SECOND
+    return out
+
+
+def _col(requests: dict, name: str, n: int, default: float = np.nan) -> np.ndarray:
+    if name in requests:
+        return np.asarray(requests[name])
+    return np.full(n, default)
+
+
+def _max_concurrent(start: np.ndarray, end: np.ndarray) -> int:
+    """Peak number of overlapping ``[start, end)`` intervals (sweep line; ends before starts)."""
+    if len(start) == 0:
+        return 0
+    times = np.concatenate([end, start])
+    deltas = np.concatenate([-np.ones(len(end), np.int64), np.ones(len(start), np.int64)])
+    order = np.lexsort((deltas, times))  # by time, then -1 before +1
+    return int(np.max(np.cumsum(deltas[order])))
+
+
+def _max_output_tokens_per_s(result: RunResult, done: np.ndarray, t0: float) -> float:
+    """Peak 1-s bucket of generated tokens (see module docstring for the approximation)."""
+    steps = result.steps or {}
+    times = np.asarray(steps.get("time_s", []), dtype=float)
+    if "vllm:generation_tokens_total" in steps:
+        cum = np.asarray(steps["vllm:generation_tokens_total"], dtype=float)
+        tokens = np.diff(cum, prepend=0.0)
+    else:
+        tokens = np.asarray(steps.get("num_decode_reqs", np.zeros(len(times))), dtype=float)
+        first = np.asarray(result.requests.get("first_token_s", []), dtype=float)
+        first = first[done] if len(first) == len(done) else first[:0]
+        first = first[np.isfinite(first)]
+        times = np.concatenate([times, first])
+        tokens = np.concatenate([tokens, np.ones(len(first))])
+    ok = np.isfinite(times) & np.isfinite(tokens) & (times >= t0)
+    if not ok.any():
+        return 0.0
+    buckets = np.floor(times[ok] - t0).astype(np.int64)
+    return float(np.max(np.bincount(buckets, weights=tokens[ok])))
+
+
+def _errors(req: dict, reasons: np.ndarray, done: np.ndarray) -> list[str]:
+    """vLLM's ``errors``: "" for a success, else the request's error (or finished_reason)."""
+    err = np.asarray(req["error"]).astype(str) if "error" in req else reasons
+    return [
+        "" if ok else (e if e not in ("", "nan", "None") else r)
+        for ok, e, r in zip(done.tolist(), err.tolist(), reasons.tolist())
+    ]
+
+
+def _traffic(result: RunResult, key: str, default: Any = None) -> Any:
+    meta = result.workload_meta or {}
+    if key in meta:
+        return meta[key]
+    return getattr(getattr(result.config, "workload", None), key, default)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("servesim")
+    except metadata.PackageNotFoundError:  # pragma: no cover - source checkout without install
+        return "unknown"
+
+
+def parse_list(text: str | None) -> list[str]:
+    """``"ttft, tpot,itl"`` → ``["ttft", "tpot", "itl"]``."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
+    """The ``vllm bench serve --save-result`` dict of a run, plus servesim's extras.
+
+    ``date``: "%Y%m%d-%H%M%S" (default: UTC now). Latencies in ms, per-request arrays in s,
+    throughputs per second of ``result.duration_s``; JSON-safe (no NaN/inf; undefined → None).
+    """
+    cfg = result.config
+    req = result.requests
+    reasons = np.asarray(req["finished_reason"]).astype(str)
+    n = len(reasons)
+    done = np.isin(reasons, COMPLETED_REASONS)
+
+    prompt_len = _col(req, "prompt_len", n, 0).astype(np.int64)
+    output_len = _col(req, "output_len", n, 0).astype(np.int64)
+    arrival = _col(req, "arrival_s", n).astype(float)
+    send = _col(req, "send_s", n).astype(float) if "send_s" in req else arrival.copy()
+    finish = _col(req, "finish_s", n).astype(float)
+    # ttft_s / e2el_s are measured from send_s (RunResult contract); fill gaps from timestamps
+    ttft_all = _col(req, "ttft_s", n).astype(float)
+    e2el_all = _col(req, "e2el_s", n).astype(float)
+    with np.errstate(invalid="ignore"):
+        ttft_all = np.where(np.isnan(ttft_all), _col(req, "first_token_s", n) - send, ttft_all)
+        e2el_all = np.where(np.isnan(e2el_all), finish - send, e2el_all)
+
+    ttfts = ttft_all[done]
+    e2els = e2el_all[done]
+    out_done = output_len[done]
+    multi = out_done > 1
+    tpots = (e2els[multi] - ttfts[multi]) / (out_done[multi] - 1)
+    all_tpots = np.zeros(len(out_done))
+    all_tpots[multi] = tpots
+    client_queue = np.where(np.isfinite(send - arrival), send - arrival, 0.0)
+
+    completed = int(done.sum())
+    failed = n - completed
+    total_input = int(prompt_len[done].sum())
+    total_output = int(out_done.sum())
+    duration = float(result.duration_s)
+
+    def per_s(x: float) -> float | None:
+        return x / duration if duration > 0 else None
+
+    slo = getattr(cfg, "slo", None)
+    slos = [
+        (vals, ms / MILLISECONDS_PER_SECOND)
+        for vals, ms in (
+            (ttfts, getattr(slo, "ttft_ms", None)),
+            (all_tpots, getattr(slo, "tpot_ms", None)),
+            (e2els, getattr(slo, "e2el_ms", None)),
+        )
+        if ms is not None
+    ]
+    goodput = None
+    if slos:
+        good = np.ones(completed, dtype=bool)
+        for vals, limit in slos:
+            good &= limit >= vals
+        goodput = per_s(float(good.sum()))
+
+    out_cfg = getattr(cfg, "output", None)
+    selected = parse_list(getattr(out_cfg, "percentile_metrics", "ttft,tpot,itl,e2el"))
+    percentiles = [float(p) for p in parse_list(getattr(out_cfg, "metric_percentiles", "99"))]
+    save_detailed = bool(getattr(out_cfg, "save_detailed", False))
+    max_concurrency = _traffic(result, "max_concurrency")
+    if max_concurrency is not None:
+        selected += [m for m in _CLIENT_QUEUE_METRICS if m not in selected]
+
+    # --- vLLM's keys, in vLLM's order
+    rate = _traffic(result, "request_rate", math.inf)
+    rate = "inf" if rate is None or float(rate) == math.inf else float(rate)
+    name = cfg.model.name
+    bench: dict[str, Any] = {
+        "date": date or datetime.now(UTC).strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai",
+        "backend": "openai",
+        "label": getattr(out_cfg, "label", None),
+        "model_id": name,
+        "tokenizer_id": name,
+        "num_prompts": int(_traffic(result, "num_prompts", n) or n),
+    }
+    for k, v in (getattr(out_cfg, "metadata", None) or {}).items():  # vllm bench --metadata
+        bench[str(k)] = v
+    bench["request_rate"] = rate
+    bench["burstiness"] = _num(_traffic(result, "burstiness", 1.0))
+    bench["max_concurrency"] = _num(max_concurrency)
+    if _traffic(result, "ramp_up_strategy") is not None:
+        for k in RAMP_UP_KEYS:
+            bench[k] = _traffic(result, k)
+    bench.update(
+        duration=duration,
+        completed=completed,
+        failed=failed,
+        total_input_tokens=total_input,
+        total_output_tokens=total_output,
+        request_throughput=per_s(completed),
+        request_goodput=goodput,
+        output_throughput=per_s(total_output),
+        total_token_throughput=per_s(total_input + total_output),
+    )
+    if save_detailed:
+        errors = _errors(req, reasons, done)
+        itls = getattr(result, "request_itls", None)
+        bench.update(
+            input_lens=prompt_len.tolist(),
+            output_lens=np.where(done, output_len, 0).tolist(),
+            ttfts=_floats(np.where(done, ttft_all, 0.0)),
+            itls=[_floats(x) for x in itls] if itls is not None else [None] * n,
+            start_times=_floats(send, None),
+            generated_texts=[""] * n,
+            errors=errors,
+        )
+    bench["latencies"] = _floats(np.where(done, e2el_all, 0.0))
+    bench["queue_times"] = _floats(client_queue)
+    t0 = float(np.min(send[done])) if completed else 0.0
+    bench["max_output_tokens_per_s"] = _max_output_tokens_per_s(result, done, t0)
+    bench["max_concurrent_requests"] = _max_concurrent(send[done], finish[done])
+    bench["rtfx"] = 0.0
+
+    series = {
+        "ttft": ttfts,
+        "tpot": tpots,
+        "e2el": e2els,
+        "client_queue_time": client_queue[done],
+        "e2el_including_client_queue": e2els + client_queue[done],
+    }
+    for metric, _, _ in METRIC_INFO:
+        if metric not in selected:
+            continue
+        if metric == "itl":
+            st = _itl_stats(result.itl_values, result.itl_counts, percentiles)
+        else:
+            st = _stats(series[metric], percentiles)
+        for stat, value in st.items():
+            bench[f"{stat}_{metric}_ms"] = _num(value)
+
+    # --- servesim extras
+    counters = result.counters or {}
+    steps = result.steps or {}
+
+    def counter(key: str, step_col: str | None = None) -> Any:
+        if key in counters:
+            return _num(counters[key])
+        if step_col and len(steps.get(step_col, ())):
+            return _num(np.asarray(steps[step_col])[-1])
+        if key in (result.capacity or {}):
+            return _num(result.capacity[key])
+        return None
+
+    par = cfg.parallel
+    queries = counter("prefix_cache_queries", "vllm:prefix_cache_queries_total")
+    hits = counter("prefix_cache_hits", "vllm:prefix_cache_hits_total")
+    wall = counter("wall_seconds")
+    bench.update(
+        simulated=True,
+        servesim_version=_version(),
+        config_hash=cfg.config_hash(),
+        seed=_num(_traffic(result, "seed", None)),
+        dataset_name=_traffic(result, "dataset_name", getattr(cfg.workload, "kind", None)),
+        gpu=cfg.hardware.name,
+        num_gpus=par.tensor_parallel_size * par.pipeline_parallel_size * par.data_parallel_size,
+        tensor_parallel_size=par.tensor_parallel_size,
+        pipeline_parallel_size=par.pipeline_parallel_size,
+        data_parallel_size=par.data_parallel_size,
+        num_gpu_blocks=counter("num_gpu_blocks"),
+        num_preemptions=counter("num_preemptions", "vllm:num_preemptions_total"),
+        prefix_cache_hit_rate=_num(hits / queries) if queries and hits is not None else None,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        num_steps=counter("num_steps"),
+        wall_seconds=wall,
+        sim_speed=_num(duration / wall) if wall else None,
+    )
+    return bench
+
+
+def metrics_in(bench: dict) -> list[tuple[str, str, str, list[str]]]:
+    """Metrics present in a bench dict: (attr, console name, header, percentile words)."""
+    found = []
+    for metric, label, header in METRIC_INFO:
+        if f"mean_{metric}_ms" not in bench:
+            continue
+        pat = re.compile(rf"^p([0-9.]+)_{metric}_ms$")
+        words = [m.group(1) for k in bench if (m := pat.match(k))]
+        found.append((metric, label, header, words))
+    return found

@@ -1,0 +1,72 @@
+"""The "Serving Benchmark Result" block of ``vllm bench serve``, for a bench dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servesim.reports.bench_result import metrics_in
+
+WIDTH = 50
+
+
+def _row(name: str, value: Any, fmt: str = "") -> str:
+    """``"{:<40} {:<10}"`` / ``"{:<40} {:<10.2f}"`` rows; None → ``"n/a"``."""
+    if value is None:
+        return "{:<40} {:<10}".format(name, "n/a")
+    return ("{:<40} {:<10" + fmt + "}").format(name, value)
+
+
+def summary_lines(bench: dict) -> list[str]:
+    """The lines ``print_summary`` prints (vLLM's labels and formats, then servesim's)."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=WIDTH, c="=")]
+    lines.append(_row("Successful requests:", bench.get("completed")))
+    lines.append(_row("Failed requests:", bench.get("failed")))
+    if bench.get("max_concurrency") is not None:
+        lines.append(_row("Maximum request concurrency:", bench["max_concurrency"]))
+    rate = bench.get("request_rate")
+    if rate is not None and rate != "inf":
+        lines.append(_row("Request rate configured (RPS):", rate, ".2f"))
+    lines.append(_row("Benchmark duration (s):", bench.get("duration"), ".2f"))
+    lines.append(_row("Total input tokens:", bench.get("total_input_tokens")))
+    lines.append(_row("Total generated tokens:", bench.get("total_output_tokens")))
+    lines.append(_row("Request throughput (req/s):", bench.get("request_throughput"), ".2f"))
+    if bench.get("request_goodput") is not None:
+        lines.append(_row("Request goodput (req/s):", bench["request_goodput"], ".2f"))
+    lines.append(_row("Output token throughput (tok/s):", bench.get("output_throughput"), ".2f"))
+    if "max_output_tokens_per_s" in bench:
+        lines.append(
+            _row("Peak output token throughput (tok/s):", bench["max_output_tokens_per_s"], ".2f")
+        )
+    if "max_concurrent_requests" in bench:
+        lines.append(_row("Peak concurrent requests:", bench["max_concurrent_requests"], ".2f"))
+    lines.append(
+        _row("Total Token throughput (tok/s):", bench.get("total_token_throughput"), ".2f")
+    )
+    for metric, name, header, words in metrics_in(bench):
+        lines.append("{s:{c}^{n}}".format(s=header, n=WIDTH, c="-"))
+        lines.append(_row(f"Mean {name} (ms):", bench.get(f"mean_{metric}_ms"), ".2f"))
+        lines.append(_row(f"Median {name} (ms):", bench.get(f"median_{metric}_ms"), ".2f"))
+        for w in words:
+            lines.append(_row(f"P{w} {name} (ms):", bench.get(f"p{w}_{metric}_ms"), ".2f"))
+    if bench.get("simulated"):
+        lines.append("{s:{c}^{n}}".format(s="servesim", n=WIDTH, c="-"))
+        lines.append(_row("GPU KV cache blocks:", bench.get("num_gpu_blocks")))
+        lines.append(_row("Preemptions:", bench.get("num_preemptions")))
+        hit = bench.get("prefix_cache_hit_rate")
+        lines.append(_row("Prefix cache hit rate (%):", None if hit is None else 100 * hit, ".2f"))
+        lines.append(_row("Simulation speed (sim s / wall s):", bench.get("sim_speed"), ".1f"))
+    lines.append("=" * WIDTH)
+    return lines
+
+
+def print_summary(bench: dict, console: Any = None) -> None:
+    """Print the summary to a rich ``Console`` (default: a new one on stdout) or a text stream."""
+    if console is None:
+        from rich.console import Console
+
+        console = Console()
+    for line in summary_lines(bench):
+        if hasattr(console, "print"):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:  # a plain text stream
+            console.write(line + "\n")
