@@ -1,1 +1,103 @@
-"""Workloads: the canonical request schema, trace importers, synthetic generators, transforms."""
+"""Workloads: the canonical request schema, trace importers, synthetic generators, transforms.
+
+Entry point for the simulator::
+
+    wl = build_workload(cfg.workload, block_size=16, max_model_len=8192)
+    wl.meta          # num_prompts, request_rate, burstiness, max_concurrency, dataset_name, ...
+    for req in wl:   # RequestSpec in non-decreasing arrival_s (s from benchmark start)
+        ...
+
+Iteration is lazy (generators) and repeatable: each ``iter(wl)`` restarts from the file or the
+seed and gives the same requests. Counters in ``meta`` (``too_long``, ``clamped``,
+``rejected``, ``skipped_bad_rows``, ``dropped_failed``, ``num_requests``) are final once an
+iteration has finished.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator, Optional
+
+from servesim.workloads.config import (
+    RandomWorkload, SessionsWorkload, SyntheticWorkload, TraceWorkload, WorkloadConfig,
+)
+from servesim.workloads.schema import RequestSpec
+
+__all__ = ["RequestSpec", "Workload", "build_workload", "WorkloadConfig"]
+
+
+class Workload:
+    """Re-iterable stream of :class:`RequestSpec` plus ``meta`` (vLLM bench traffic fields)."""
+
+    def __init__(self, factory: Callable[[dict], Iterator[RequestSpec]], meta: dict):
+        self._factory = factory
+        self.meta = meta
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        for k in ("too_long", "clamped", "rejected"):
+            self.meta[k] = 0
+        n = 0
+        for r in self._factory(self.meta):
+            n += 1
+            yield r
+        self.meta["num_requests"] = n
+
+
+def _limited(gen_factory, cfg, block_size, max_model_len):
+    from servesim.workloads.transforms import limit_length
+
+    def factory(meta: dict) -> Iterator[RequestSpec]:
+        return limit_length(gen_factory(meta), max_model_len, cfg.long_requests, block_size,
+                            meta)
+
+    return factory
+
+
+def build_workload(cfg: WorkloadConfig, *, block_size: int,
+                   max_model_len: Optional[int] = None) -> Workload:
+    """Build the request stream for a ``workload`` config section.
+
+    ``block_size`` (tokens) is the engine's KV block size: ``prefix_block_ids`` are computed at
+    it. ``max_model_len`` only matters for ``long_requests: clamp|reject`` (and ends sessions
+    early); by default long requests are kept and the engine rejects them, as vLLM does."""
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    meta: dict = {
+        "num_prompts": None,
+        "request_rate": math.inf,
+        "burstiness": getattr(cfg, "burstiness", 1.0),
+        "max_concurrency": cfg.max_concurrency,
+        "dataset_name": cfg.kind,
+        "long_requests": cfg.long_requests,
+        "max_model_len": max_model_len,
+    }
+    if isinstance(cfg, RandomWorkload):
+        from servesim.workloads.generators import random_requests
+
+        meta.update(num_prompts=cfg.num_prompts, request_rate=cfg.request_rate,
+                    random_input_len=cfg.input_len, random_output_len=cfg.output_len,
+                    random_range_ratio=cfg.range_ratio, random_prefix_len=cfg.prefix_len)
+        if cfg.ramp_up_strategy is not None:
+            meta.update(ramp_up_strategy=cfg.ramp_up_strategy,
+                        ramp_up_start_rps=cfg.ramp_up_start_rps,
+                        ramp_up_end_rps=cfg.ramp_up_end_rps)
+        gen = lambda meta: random_requests(cfg, block_size)  # noqa: E731
+    elif isinstance(cfg, SyntheticWorkload):
+        from servesim.workloads.generators import synthetic_requests
+
+        meta.update(num_prompts=cfg.num_prompts, request_rate=cfg.request_rate)
+        if cfg.rate_profile is not None:
+            meta["rate_profile"] = cfg.rate_profile.kind
+        gen = lambda meta: synthetic_requests(cfg, block_size)  # noqa: E731
+    elif isinstance(cfg, SessionsWorkload):
+        from servesim.workloads.generators import session_requests
+
+        meta.update(num_sessions=cfg.num_sessions, request_rate=cfg.session_rate)
+        gen = lambda meta: session_requests(cfg, block_size, max_model_len)  # noqa: E731
+    elif isinstance(cfg, TraceWorkload):
+        from servesim.workloads.importers import trace_workload
+
+        gen = trace_workload(cfg, block_size, meta)
+    else:  # pragma: no cover
+        raise TypeError(f"unknown workload config {type(cfg).__name__}")
+    return Workload(_limited(gen, cfg, block_size, max_model_len), meta)
