@@ -16,14 +16,19 @@ iteration has finished.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Optional
 
 from servesim.workloads.config import (
-    RandomWorkload, SessionsWorkload, SyntheticWorkload, TraceWorkload, WorkloadConfig,
+    RandomWorkload,
+    SessionsWorkload,
+    SyntheticWorkload,
+    TraceWorkload,
+    WorkloadConfig,
 )
 from servesim.workloads.schema import RequestSpec
 
-__all__ = ["RequestSpec", "Workload", "build_workload", "WorkloadConfig"]
+__all__ = ["RequestSpec", "Workload", "WorkloadConfig", "build_workload"]
 
 
 class Workload:
@@ -54,7 +59,7 @@ def _limited(gen_factory, cfg, block_size, max_model_len):
 
 
 def build_workload(cfg: WorkloadConfig, *, block_size: int,
-                   max_model_len: Optional[int] = None) -> Workload:
+                   max_model_len: int | None = None) -> Workload:
     """Build the request stream for a ``workload`` config section.
 
     ``block_size`` (tokens) is the engine's KV block size: ``prefix_block_ids`` are computed at
@@ -81,19 +86,19 @@ def build_workload(cfg: WorkloadConfig, *, block_size: int,
             meta.update(ramp_up_strategy=cfg.ramp_up_strategy,
                         ramp_up_start_rps=cfg.ramp_up_start_rps,
                         ramp_up_end_rps=cfg.ramp_up_end_rps)
-        gen = lambda meta: random_requests(cfg, block_size)  # noqa: E731
+        gen = lambda meta: random_requests(cfg, block_size)
     elif isinstance(cfg, SyntheticWorkload):
         from servesim.workloads.generators import synthetic_requests
 
         meta.update(num_prompts=cfg.num_prompts, request_rate=cfg.request_rate)
         if cfg.rate_profile is not None:
             meta["rate_profile"] = cfg.rate_profile.kind
-        gen = lambda meta: synthetic_requests(cfg, block_size)  # noqa: E731
+        gen = lambda meta: synthetic_requests(cfg, block_size)
     elif isinstance(cfg, SessionsWorkload):
         from servesim.workloads.generators import session_requests
 
         meta.update(num_sessions=cfg.num_sessions, request_rate=cfg.session_rate)
-        gen = lambda meta: session_requests(cfg, block_size, max_model_len)  # noqa: E731
+        gen = lambda meta: session_requests(cfg, block_size, max_model_len)
     elif isinstance(cfg, TraceWorkload):
         from servesim.workloads.importers import trace_workload
 

@@ -16,7 +16,7 @@ so N requests need O(chunk) memory, not O(N).
 from __future__ import annotations
 
 import math
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -24,7 +24,7 @@ CHUNK = 65536
 
 
 def ramp_up_rate(
-    strategy: Optional[str], start_rps: Optional[float], end_rps: Optional[float],
+    strategy: str | None, start_rps: float | None, end_rps: float | None,
     index: np.ndarray, total: int, request_rate: float,
 ) -> np.ndarray:
     """vLLM ``_get_current_request_rate`` for an array of request indices (requests/s)."""
@@ -40,8 +40,8 @@ def ramp_up_rate(
 
 def _delay_chunks(
     n: int, request_rate: float, burstiness: float, seed: int,
-    ramp_up_strategy: Optional[str], ramp_up_start_rps: Optional[float],
-    ramp_up_end_rps: Optional[float],
+    ramp_up_strategy: str | None, ramp_up_start_rps: float | None,
+    ramp_up_end_rps: float | None,
 ) -> Iterator[np.ndarray]:
     """Per-request (non-cumulative) delays in seconds, in chunks."""
     rs = np.random.RandomState(seed)
@@ -61,8 +61,8 @@ def _delay_chunks(
 
 def vllm_arrival_times(
     n: int, request_rate: float = math.inf, burstiness: float = 1.0, seed: int = 0,
-    ramp_up_strategy: Optional[str] = None, ramp_up_start_rps: Optional[float] = None,
-    ramp_up_end_rps: Optional[float] = None,
+    ramp_up_strategy: str | None = None, ramp_up_start_rps: float | None = None,
+    ramp_up_end_rps: float | None = None,
 ) -> Iterator[np.ndarray]:
     """Cumulative send times (s from benchmark start) of ``n`` requests, in chunks.
 

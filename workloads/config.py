@@ -9,8 +9,9 @@ distributions, shared-prefix groups, rate profiles) and ``sessions`` (multi-turn
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
@@ -34,7 +35,7 @@ _LONG_DOC = (
 
 
 class _Common(_Section):
-    max_concurrency: Optional[PositiveInt] = Field(
+    max_concurrency: PositiveInt | None = Field(
         None, description="Client-side cap on in-flight requests (closed loop)"
     )
     seed: int = Field(0, description="vllm bench --seed")
@@ -48,11 +49,11 @@ class _Arrivals(_Common):
     burstiness: float = Field(
         1.0, gt=0, description="Gamma shape of inter-arrival gaps: 1 Poisson, <1 burstier"
     )
-    ramp_up_strategy: Optional[Literal["linear", "exponential"]] = Field(
+    ramp_up_strategy: Literal["linear", "exponential"] | None = Field(
         None, description="vllm bench --ramp-up-strategy (then request_rate must stay inf)"
     )
-    ramp_up_start_rps: Optional[float] = Field(None, gt=0, description="Requests/s at the start")
-    ramp_up_end_rps: Optional[float] = Field(None, gt=0, description="Requests/s at the end")
+    ramp_up_start_rps: float | None = Field(None, gt=0, description="Requests/s at the start")
+    ramp_up_end_rps: float | None = Field(None, gt=0, description="Requests/s at the end")
 
     _v_rate = field_validator("request_rate", "burstiness", mode="before")(_rate)
 
@@ -118,7 +119,7 @@ class LognormalDist(_Section):
     median: float = Field(..., gt=0)
     sigma: float = Field(..., ge=0)
     min: float = Field(1, ge=0)
-    max: Optional[float] = Field(None, gt=0)
+    max: float | None = Field(None, gt=0)
 
 
 class ExponentialDist(_Section):
@@ -136,7 +137,7 @@ class EmpiricalDist(_Section):
 
 
 LengthDist = Annotated[
-    Union[FixedDist, UniformDist, LognormalDist, ExponentialDist, EmpiricalDist],
+    FixedDist | UniformDist | LognormalDist | ExponentialDist | EmpiricalDist,
     Field(discriminator="dist"),
 ]
 
@@ -170,7 +171,7 @@ class RateProfile(_Section):
             if not self.points:
                 raise ValueError("piecewise rate profile needs points [[t_s, rate], ...]")
             ts = [p[0] for p in self.points]
-            if ts[0] != 0 or any(b <= a for a, b in zip(ts, ts[1:])):
+            if ts[0] != 0 or any(b <= a for a, b in itertools.pairwise(ts)):
                 raise ValueError("points must start at t_s=0 and increase")
             if any(r < 0 for _, r in self.points) or not any(r > 0 for _, r in self.points):
                 raise ValueError("rates must be >= 0 and not all 0")
@@ -184,10 +185,10 @@ class SyntheticWorkload(_Common):
     num_prompts: PositiveInt = 1000
     request_rate: float = Field(math.inf, gt=0, description="Mean requests/s (scaled by profile)")
     burstiness: float = Field(1.0, gt=0)
-    rate_profile: Optional[RateProfile] = None
+    rate_profile: RateProfile | None = None
     input: LengthDist = Field(default_factory=lambda: FixedDist(value=1024))
     output: LengthDist = Field(default_factory=lambda: FixedDist(value=128))
-    prefix_groups: Optional[PrefixGroups] = None
+    prefix_groups: PrefixGroups | None = None
 
     _v_rate = field_validator("request_rate", "burstiness", mode="before")(_rate)
 
@@ -206,7 +207,7 @@ class SessionsWorkload(_Common):
     user_input: LengthDist = Field(default_factory=lambda: FixedDist(value=64))
     output: LengthDist = Field(default_factory=lambda: FixedDist(value=128))
     think_time_s: LengthDist = Field(default_factory=lambda: ExponentialDist(mean=5.0))
-    max_context_len: Optional[PositiveInt] = Field(
+    max_context_len: PositiveInt | None = Field(
         None, description="End a session before a turn would exceed this (default max_model_len)"
     )
 
@@ -229,22 +230,22 @@ class TraceWorkload(_Common):
     time_scale: float = Field(
         1.0, gt=0, description="Multiply arrival times (2.0 = half the rate)"
     )
-    request_rate: Optional[float] = Field(
+    request_rate: float | None = Field(
         None, gt=0, description="Rescale to this mean rate (requests/s); for formats without "
         "timestamps, the rate of vLLM's Gamma arrivals (default inf)"
     )
     burstiness: float = Field(1.0, gt=0, description="For generated arrivals only")
     use_timestamps: bool = Field(True, description="False: vLLM-style generated arrivals")
-    start_s: Optional[float] = Field(None, ge=0, description="Window start, s after first row")
-    end_s: Optional[float] = Field(None, gt=0, description="Window end, s after first row")
-    max_requests: Optional[PositiveInt] = Field(None, description="Keep the first N (in window)")
-    sample: Optional[PositiveInt] = Field(None, description="Keep N random requests (seeded)")
+    start_s: float | None = Field(None, ge=0, description="Window start, s after first row")
+    end_s: float | None = Field(None, gt=0, description="Window end, s after first row")
+    max_requests: PositiveInt | None = Field(None, description="Keep the first N (in window)")
+    sample: PositiveInt | None = Field(None, description="Keep N random requests (seeded)")
     # format-specific
-    model: Optional[str] = Field(None, description="BurstGPT: keep only this Model")
-    log_type: Optional[str] = Field(None, description="BurstGPT: keep only this Log Type")
+    model: str | None = Field(None, description="BurstGPT: keep only this Model")
+    log_type: str | None = Field(None, description="BurstGPT: keep only this Log Type")
     keep_failed: bool = Field(False, description="BurstGPT/vllm_result: keep failed requests")
-    tokenizer: Optional[str] = Field(None, description="ShareGPT: local HF tokenizer name/path")
-    sharegpt_output_len: Optional[PositiveInt] = None
+    tokenizer: str | None = Field(None, description="ShareGPT: local HF tokenizer name/path")
+    sharegpt_output_len: PositiveInt | None = None
     sharegpt_filter: bool = Field(True, description="vLLM's ShareGPT length filters")
 
     _v_rate = field_validator("request_rate", "burstiness", mode="before")(_rate)
@@ -257,6 +258,6 @@ class TraceWorkload(_Common):
 
 
 WorkloadConfig = Annotated[
-    Union[RandomWorkload, TraceWorkload, SyntheticWorkload, SessionsWorkload],
+    RandomWorkload | TraceWorkload | SyntheticWorkload | SessionsWorkload,
     Field(discriminator="kind"),
 ]

@@ -9,15 +9,22 @@ All ids are < 2^62.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
-
 from servesim.workloads.arrivals import CHUNK, gamma_renewal_unit, vllm_arrival_times
 from servesim.workloads.config import (
-    EmpiricalDist, ExponentialDist, FixedDist, LognormalDist, RandomWorkload, RateProfile,
-    SessionsWorkload, SyntheticWorkload, UniformDist,
+    EmpiricalDist,
+    ExponentialDist,
+    FixedDist,
+    LognormalDist,
+    RandomWorkload,
+    RateProfile,
+    SessionsWorkload,
+    SyntheticWorkload,
+    UniformDist,
 )
 from servesim.workloads.schema import RequestSpec
 
@@ -137,7 +144,7 @@ def _profile_segments(p: RateProfile, mean_rate: float) -> Iterator[tuple[float,
     """(start_s, end_s, rate) segments, forever (the last piecewise rate holds)."""
     if p.kind == "piecewise":
         pts = list(p.points)
-        for (t0, r), (t1, _) in zip(pts, pts[1:]):
+        for (t0, r), (t1, _) in itertools.pairwise(pts):
             yield t0, t1, r
         yield pts[-1][0], math.inf, pts[-1][1]
         return
@@ -222,7 +229,7 @@ def synthetic_requests(cfg: SyntheticWorkload, block_size: int) -> Iterator[Requ
 
 
 def session_requests(cfg: SessionsWorkload, block_size: int,
-                     max_model_len: Optional[int] = None) -> Iterator[RequestSpec]:
+                     max_model_len: int | None = None) -> Iterator[RequestSpec]:
     """Multi-turn sessions, all turns of a session yielded together at its start time.
 
     Turn 0: prompt = system_prompt_len + first_input. Turn k+1: prompt = prompt_k + output_k +

@@ -6,8 +6,9 @@ Units: seconds and tokens. A workload is an iterator of :class:`RequestSpec` in 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol
+from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -24,19 +25,19 @@ class RequestSpec:
     arrival_s: float
     prompt_len: int
     output_len: int
-    request_id: Optional[str] = None
-    prefix_block_ids: Optional[tuple[int, ...]] = None
-    prompt_token_ids: Optional[tuple[int, ...]] = None
+    request_id: str | None = None
+    prefix_block_ids: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
     priority: int = 0
-    session_id: Optional[str] = None
+    session_id: str | None = None
     turn: int = 0
-    lora: Optional[str] = None
+    lora: str | None = None
     ignore_eos: bool = True
     # Closed-loop dependency (multi-turn sessions): the request is sent ``think_time_s`` after
     # request ``parent_id`` finishes, and never before ``arrival_s``.
-    parent_id: Optional[str] = None
+    parent_id: str | None = None
     think_time_s: float = 0.0
-    cache_salt: Optional[str] = None
+    cache_salt: str | None = None
     extra: dict = field(default_factory=dict)
 
 

@@ -8,10 +8,9 @@ silently.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
 
 import numpy as np
-
 from servesim.workloads.schema import RequestSpec
 
 
@@ -25,8 +24,8 @@ def shift_to_zero(reqs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
         yield r
 
 
-def time_window(reqs: Iterable[RequestSpec], start_s: Optional[float],
-                end_s: Optional[float]) -> Iterator[RequestSpec]:
+def time_window(reqs: Iterable[RequestSpec], start_s: float | None,
+                end_s: float | None) -> Iterator[RequestSpec]:
     """Keep requests with start_s <= arrival_s < end_s (s; either bound may be None)."""
     for r in reqs:
         if start_s is not None and r.arrival_s < start_s:
@@ -36,7 +35,7 @@ def time_window(reqs: Iterable[RequestSpec], start_s: Optional[float],
         yield r
 
 
-def take(reqs: Iterable[RequestSpec], n: Optional[int]) -> Iterator[RequestSpec]:
+def take(reqs: Iterable[RequestSpec], n: int | None) -> Iterator[RequestSpec]:
     """The first ``n`` requests (all when n is None)."""
     if n is None:
         yield from reqs
@@ -86,7 +85,7 @@ def mean_rate(count: int, first_s: float, last_s: float) -> float:
     return (count - 1) / span
 
 
-def limit_length(reqs: Iterable[RequestSpec], max_model_len: Optional[int], mode: str,
+def limit_length(reqs: Iterable[RequestSpec], max_model_len: int | None, mode: str,
                  block_size: int, stats: dict) -> Iterator[RequestSpec]:
     """Apply ``long_requests`` to requests with prompt_len + output_len > max_model_len.
 

@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-
 from servesim.workloads import build_workload
 from servesim.workloads.arrivals import vllm_arrival_times
 from servesim.workloads.config import RandomWorkload
@@ -53,12 +52,12 @@ def vllm_get_request_delays(n, request_rate, burstiness, seed, strategy=None, st
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(num_prompts=300, input_len=1024, output_len=128, range_ratio=0.0, request_rate=5.0),
-        dict(num_prompts=257, input_len=1000, output_len=77, range_ratio=0.33, prefix_len=40,
-             request_rate=3.5, burstiness=0.25, seed=7),
-        dict(num_prompts=100, input_len=10, output_len=1, range_ratio=0.8, seed=3),
-        dict(num_prompts=50, input_len=64, output_len=8, request_rate=2.0,
-             burstiness=float("inf"), seed=1),
+        {"num_prompts": 300, "input_len": 1024, "output_len": 128, "range_ratio": 0.0, "request_rate": 5.0},
+        {"num_prompts": 257, "input_len": 1000, "output_len": 77, "range_ratio": 0.33, "prefix_len": 40,
+             "request_rate": 3.5, "burstiness": 0.25, "seed": 7},
+        {"num_prompts": 100, "input_len": 10, "output_len": 1, "range_ratio": 0.8, "seed": 3},
+        {"num_prompts": 50, "input_len": 64, "output_len": 8, "request_rate": 2.0,
+             "burstiness": float("inf"), "seed": 1},
     ],
 )
 def test_random_matches_vllm(kw):
@@ -122,8 +121,7 @@ def test_prefix_len_blocks_shared():
     assert all(r.prefix_block_ids == reqs[0].prefix_block_ids for r in reqs)
     assert len(reqs[0].prefix_block_ids) == 2  # 40 // 16; the partial block is unique
     assert all(r.prompt_len == 140 for r in reqs)
-    assert list(build_workload(cfg.model_copy(update={"prefix_len": 0}), block_size=16))[
-        0].prefix_block_ids is None
+    assert next(iter(build_workload(cfg.model_copy(update={"prefix_len": 0}), block_size=16))).prefix_block_ids is None
 
 
 def test_repeatable_iteration():
@@ -133,7 +131,7 @@ def test_repeatable_iteration():
 
 
 def test_long_requests_modes():
-    base = dict(num_prompts=100, input_len=100, output_len=50, range_ratio=0.5, prefix_len=32)
+    base = {"num_prompts": 100, "input_len": 100, "output_len": 50, "range_ratio": 0.5, "prefix_len": 32}
     keep = build_workload(RandomWorkload(**base), block_size=16, max_model_len=150)
     n_long = sum(r.prompt_len + r.output_len > 150 for r in keep)
     assert n_long > 0 and keep.meta["too_long"] == n_long and keep.meta["rejected"] == 0
