@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Optional
 
 from servesim.workloads.config import (
     RandomWorkload,
