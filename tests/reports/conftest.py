@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from servesim.simulator.config import load_config
 from servesim.simulator.metrics import RunResult
 

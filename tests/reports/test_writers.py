@@ -1,0 +1,125 @@
+"""The run directory: files, CSV columns, atomicity, byte-for-byte determinism."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from servesim.reports import VLLM_BENCH_KEYS, write_run
+from servesim.reports.writers import atomic_write_text, dumps_result
+from servesim.simulator.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+
+FILES = ["config.resolved.yaml", "requests.csv", "result.json", "run_info.json",
+         "timeseries.csv"]  # fmt: skip
+
+
+def _reject_constant(name):
+    raise ValueError(f"non-JSON constant {name}")
+
+
+def load_json(path):
+    return json.loads(path.read_text(), parse_constant=_reject_constant)
+
+
+def test_write_run_files(make_result, tmp_path):
+    bench = write_run(make_result(), tmp_path / "run", date="20260101-000000")
+    out = tmp_path / "run"
+    assert sorted(p.name for p in out.iterdir()) == FILES  # no temp files left behind
+    res = load_json(out / "result.json")
+    # vLLM keys first, in order; host timings only in run_info.json
+    assert list(res)[: len(VLLM_BENCH_KEYS)] == VLLM_BENCH_KEYS
+    assert "wall_seconds" not in res and "sim_speed" not in res
+    assert res == {k: v for k, v in bench.items() if k not in ("wall_seconds", "sim_speed")}
+    info = load_json(out / "run_info.json")
+    assert info["date"] == "20260101-000000"
+    assert info["wall_seconds"] == 0.05 and info["sim_speed"] == pytest.approx(50.0)
+    cfg = yaml.safe_load((out / "config.resolved.yaml").read_text())
+    assert cfg["model"]["name"] == "llama-3.1-8b"
+
+
+def test_result_json_has_no_nan(make_result, tmp_path):
+    write_run(make_result(output__save_detailed="true"), tmp_path)
+    text = (tmp_path / "result.json").read_text()
+    load_json(tmp_path / "result.json")
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_dumps_result_refuses_nan():
+    with pytest.raises(ValueError):
+        dumps_result({"x": math.nan})
+    assert json.loads(dumps_result({"a": [1, 2.5], "b": None})) == {"a": [1, 2.5], "b": None}
+
+
+def test_deterministic_except_date(make_result, tmp_path):
+    write_run(make_result(), tmp_path / "a", date="20260101-000000")
+    r = make_result()
+    r.counters["wall_seconds"] = 7.0  # another host, another speed
+    write_run(r, tmp_path / "b", date="20270202-111111")
+    write_run(make_result(), tmp_path / "c", date="20260101-000000")
+    for name in FILES:
+        a, b, c = ((tmp_path / d / name).read_bytes() for d in "abc")
+        assert a == c, name  # same RunResult, same date: identical bytes
+        if name == "result.json":
+            la, lb = a.splitlines(), b.splitlines()
+            diff = [(x, y) for x, y in zip(la, lb) if x != y]
+            assert len(la) == len(lb) and diff == [
+                (b'  "date": "20260101-000000",', b'  "date": "20270202-111111",')
+            ]
+        elif name != "run_info.json":
+            assert a == b, name
+
+
+def test_requests_csv_columns_and_values(make_result, tmp_path):
+    r = make_result()
+    write_run(r, tmp_path)
+    with open(tmp_path / "requests.csv", newline="") as f:
+        header = next(csv.reader(f))
+    # the contract's columns in order, then the extra ones (send_s) in RunResult order
+    assert header == list(REQUEST_COLUMNS) + ["send_s"]
+    df = pd.read_csv(tmp_path / "requests.csv")
+    assert len(df) == 5
+    for c in ("arrival_s", "ttft_s", "e2el_s", "finish_s"):
+        np.testing.assert_array_equal(df[c].to_numpy(), r.requests[c])  # repr round-trips
+    assert df["finished_reason"].tolist() == ["length", "stop", "length", "stop", "rejected"]
+    assert df["prompt_len"].dtype.kind == "i"
+    row4 = (tmp_path / "requests.csv").read_text().splitlines()[5]
+    assert row4.startswith("r4,1.2,5000,0,0,,,,,,,,0,rejected")  # NaN → empty cell
+
+
+def test_timeseries_csv_columns(make_result, tmp_path):
+    r = make_result()
+    write_run(r, tmp_path)
+    df = pd.read_csv(tmp_path / "timeseries.csv")
+    assert list(df.columns) == list(STEP_COLUMNS)
+    assert len(df) == 10
+    np.testing.assert_array_equal(
+        df["vllm:kv_cache_usage_perc"].to_numpy(), r.steps["vllm:kv_cache_usage_perc"]
+    )
+
+
+def test_empty_steps_still_get_a_header(make_result, tmp_path):
+    r = make_result()
+    r.steps = {}
+    write_run(r, tmp_path)
+    assert (tmp_path / "timeseries.csv").read_text() == ",".join(STEP_COLUMNS) + "\n"
+
+
+def test_missing_request_column_is_an_error(make_result, tmp_path):
+    r = make_result()
+    del r.requests["queue_s"]
+    with pytest.raises(ValueError, match="queue_s"):
+        write_run(r, tmp_path)
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    p = tmp_path / "x.txt"
+    atomic_write_text(p, "old\n")
+    atomic_write_text(p, "new\n")
+    assert p.read_text() == "new\n"
+    assert [q.name for q in tmp_path.iterdir()] == ["x.txt"]
+    assert (p.stat().st_mode & 0o777) == 0o644
