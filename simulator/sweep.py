@@ -1,0 +1,747 @@
+"""Parameter sweeps and A/B experiments: spec, point runner, ``vllm bench sweep`` layout, resume.
+
+A sweep file (YAML)::
+
+    base: ../llama8b_a100.yaml          # path (relative to this file, else cwd) or inline mapping
+    experiment_name: ab_scheduler       # default: the sweep file's stem
+    overrides: {workload.num_prompts: 200}             # applied to every point
+    arms:                                              # name -> overrides (mapping or "k=v" list)
+      fcfs: {scheduler.policy: fcfs}
+      sarathi: [scheduler.policy=sarathi]
+    grid: {scheduler.max_num_seqs: [64, 256]}          # Cartesian product (crossed with arms)
+    seeds: [0, 1, 2]                                   # or num_seeds: 3  (-> 0, 1, 2)
+    request_rates: [2, 4, inf]                         # sets workload.request_rate
+    baseline: fcfs                                     # A/B baseline; default: the first arm
+
+Points = arms × rates × seeds. Every arm of a seed gets ``workload.seed = seed``, so all arms
+replay the same request stream (common random numbers) and A/B differences are paired.
+Override order: base ← ``overrides`` ← arm/grid ← rate ← seed.
+
+Output (``vllm bench sweep`` layout)::
+
+    DIR/<experiment_name>/SERVE-<arm>-BENCH-<rate>/run=<seed>.json      bench dict + extras
+    DIR/<experiment_name>/SERVE-<arm>-BENCH-<rate>/run=<seed>.failure.json
+    DIR/<experiment_name>/SERVE-<arm>-BENCH-<rate>/summary.json         list of runs
+    DIR/<experiment_name>/summary.csv                                   one row per run
+    DIR/<experiment_name>/ab.csv                                        paired A/B statistics
+
+Each finished point is written atomically (temp file + ``os.replace``) by the parent process as
+soon as it finishes; ``resume=True`` skips points whose run file exists and was produced by the
+same point definition (``sweep_point_hash``). Summaries are rebuilt from the run files at the end
+in a fixed order, so resumed and uninterrupted sweeps give identical ``summary.csv``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesim.simulator.errors import ConfigError, ServesimError
+
+SPEC_KEYS = (
+    "base", "experiment_name", "description", "arms", "grid", "seeds", "num_seeds",
+    "request_rates", "overrides", "baseline",
+)
+# Host timings (reports.bench_result.VOLATILE_KEYS): dropped from run files, like write_run does.
+HOST_TIMING_KEYS = frozenset({"wall_seconds", "sim_speed"})
+# Kept in run files but not in summary.csv, so resumed and uninterrupted sweeps match byte for byte.
+VOLATILE_KEYS = frozenset({"date"}) | HOST_TIMING_KEYS
+LEADING_COLUMNS = ("arm", "request_rate", "seed", "run_number")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=,+-]*$")
+
+PointFn = Callable[[dict, list, int, float | None], dict]
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration under test: a name and its ``section.key -> value`` overrides."""
+
+    name: str
+    overrides: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One simulation: an arm at one request rate with one seed."""
+
+    arm: str
+    arm_index: int
+    rate: float | None  # None: keep the base config's rate (e.g. trace replay)
+    rate_label: str
+    seed: int
+    overrides: tuple[tuple[str, Any], ...]  # global + arm overrides, in application order
+    arm_overrides: tuple[tuple[str, Any], ...]
+
+    @property
+    def dirname(self) -> str:
+        return f"SERVE-{self.arm}-BENCH-{self.rate_label}"
+
+    @property
+    def run_name(self) -> str:
+        return f"run={self.seed}.json"
+
+    @property
+    def failure_name(self) -> str:
+        return f"run={self.seed}.failure.json"
+
+    def sort_key(self) -> tuple:
+        rate = math.inf if self.rate is None else self.rate
+        return (self.arm_index, rate, self.rate_label, self.seed)
+
+
+@dataclass
+class SweepSpec:
+    """A validated sweep file."""
+
+    source: str
+    experiment_name: str
+    base_tree: dict
+    base_source: str
+    arms: list[Arm]
+    seeds: list[int]
+    rates: list[float | None]
+    overrides: tuple[tuple[str, Any], ...] = ()
+    baseline: str | None = None
+    description: str = ""
+    rate_labels: dict[tuple[str, float | None], str] = field(default_factory=dict)
+
+    @property
+    def override_keys(self) -> list[str]:
+        """Every key an arm overrides, in first-seen order (recorded in each run)."""
+        keys: list[str] = []
+        for arm in self.arms:
+            for k, _ in arm.overrides:
+                if k not in keys:
+                    keys.append(k)
+        return keys
+
+    def points(self) -> list[SweepPoint]:
+        """All points, in the canonical order (arm, rate, seed)."""
+        out = []
+        for i, arm in enumerate(self.arms):
+            for rate in self.rates:
+                for seed in self.seeds:
+                    out.append(SweepPoint(
+                        arm=arm.name, arm_index=i, rate=rate,
+                        rate_label=self.rate_labels.get((arm.name, rate), fmt_rate(rate)),
+                        seed=seed, overrides=self.overrides + arm.overrides,
+                        arm_overrides=arm.overrides,
+                    ))
+        return sorted(out, key=SweepPoint.sort_key)
+
+    def point_hash(self, p: SweepPoint) -> str:
+        """Hash of everything that defines the point (base tree, overrides, rate, seed)."""
+        blob = json.dumps([self.base_tree, [list(o) for o in p.overrides], p.rate, p.seed],
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def fmt_rate(rate: float | None) -> str:
+    """Folder label of a request rate: ``4``, ``2.5``, ``inf``."""
+    if rate is None:
+        return "base"
+    if math.isinf(rate):
+        return "inf"
+    return str(int(rate)) if float(rate).is_integer() else repr(float(rate))
+
+
+def _parse_rate(v: Any, where: str) -> float:
+    if isinstance(v, str) and v.strip().lower() in ("inf", "+inf", "infinity", ".inf"):
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ConfigError(f"{where}: expected a positive number or 'inf', got {v!r}")
+    return float(v)
+
+
+def _parse_override_item(item: Any, where: str) -> tuple[str, Any]:
+    if isinstance(item, str):
+        if "=" not in item:
+            raise ConfigError(f"{where}: expected 'section.key=value', got {item!r}")
+        import yaml
+
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        return _check_key(key.strip(), where), value
+    if isinstance(item, dict) and len(item) == 1:
+        (k, v), = item.items()
+        return _check_key(k, where), v
+    raise ConfigError(f"{where}: expected 'section.key=value' or a one-key mapping, got {item!r}")
+
+
+def _check_key(key: Any, where: str) -> str:
+    if not isinstance(key, str) or len([p for p in key.split(".") if p]) < 2:
+        raise ConfigError(f"{where}: override key {key!r} must be a dotted path 'section.key'")
+    return key
+
+
+def _parse_overrides(node: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    """``{k: v}`` or ``["k=v", {k: v}, ...]`` → ((k, v), ...)."""
+    if node is None:
+        return ()
+    if isinstance(node, dict):
+        return tuple((_check_key(k, f"{where}.{k}"), v) for k, v in node.items())
+    if isinstance(node, list):
+        return tuple(_parse_override_item(x, f"{where}[{i}]") for i, x in enumerate(node))
+    raise ConfigError(f"{where}: expected a mapping of section.key: value (or a list of "
+                      f"'section.key=value'), got {type(node).__name__}")
+
+
+def set_path(tree: dict, key: str, value: Any) -> None:
+    """Set ``section.key`` in a raw config tree, like ``--set`` (``config.apply_overrides``):
+    switching ``workload.kind`` starts the workload section afresh (keeping only ``seed``)."""
+    path = [p for p in key.split(".") if p]
+    if path == ["workload", "kind"]:
+        old = tree.get("workload") if isinstance(tree.get("workload"), dict) else {}
+        if old.get("kind", "random") != value:
+            tree["workload"] = {k: v for k, v in old.items() if k == "seed"}
+    node = tree
+    for p in path[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"{key}: {p} is not a section")
+        node = nxt
+    node[path[-1]] = copy.deepcopy(value)
+
+
+def build_tree(base_tree: dict, overrides: Iterable[tuple[str, Any]], seed: int | None,
+               rate: float | None) -> dict:
+    """The raw config tree of one point: base ← overrides ← rate ← seed."""
+    tree = copy.deepcopy(base_tree)
+    for k, v in overrides:
+        set_path(tree, k, v)
+    if rate is not None:
+        set_path(tree, "workload.request_rate", "inf" if math.isinf(rate) else rate)
+    if seed is not None:
+        set_path(tree, "workload.seed", seed)
+    return tree
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return fmt_rate(v) if v > 0 else repr(v)
+    return str(v)
+
+
+def _grid_arms(grid: Any, where: str) -> list[Arm]:
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(f"{where}: expected a non-empty mapping section.key: [values]")
+    keys, lists = [], []
+    for k, vals in grid.items():
+        _check_key(k, f"{where}.{k}")
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"{where}.{k}: expected a non-empty list of values, got {vals!r}")
+        keys.append(k)
+        lists.append(vals)
+    arms = []
+    for combo in itertools.product(*lists):
+        name = ",".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in zip(keys, combo))
+        arms.append(Arm(name, tuple(zip(keys, combo))))
+    return arms
+
+
+def _resolve_base(base: Any, sweep_path: Path | None, where: str) -> tuple[dict, str]:
+    from servesim.simulator.config import load_yaml
+
+    if isinstance(base, dict):
+        return copy.deepcopy(base), f"{where} (inline)"
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{where}: expected a config file path or an inline config mapping")
+    cands = []
+    if sweep_path is not None and not Path(base).is_absolute():
+        cands.append(sweep_path.parent / base)
+    cands.append(Path(base))
+    for c in cands:
+        if c.is_file():
+            return load_yaml(c), str(c)
+    raise ConfigError(f"{where}: config file {base!r} not found (looked in "
+                      f"{', '.join(str(c) for c in cands)})")
+
+
+def parse_spec(raw: Any, source: str = "<sweep>", sweep_path: Path | None = None,
+               *, check_configs: bool = True) -> SweepSpec:
+    """Validate a raw sweep mapping; every error is one line naming ``source`` and the key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    unknown = [k for k in raw if k not in SPEC_KEYS]
+    if unknown:
+        raise ConfigError(f"{source}: {unknown[0]}: unknown key (expected one of "
+                          f"{', '.join(SPEC_KEYS)})")
+    if "base" not in raw:
+        raise ConfigError(f"{source}: base: required (a config file path or inline mapping)")
+    base_tree, base_source = _resolve_base(raw["base"], sweep_path, f"{source}: base")
+    if not isinstance(base_tree, dict):
+        raise ConfigError(f"{base_source}: expected a mapping of sections at the top level")
+
+    name = raw.get("experiment_name")
+    if name is None:
+        name = sweep_path.stem if sweep_path is not None else "sweep"
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(f"{source}: experiment_name: expected a file-name-safe string "
+                          f"(letters, digits, _ . = , + -), got {name!r}")
+
+    overrides = _parse_overrides(raw.get("overrides"), f"{source}: overrides")
+
+    arms: list[Arm] = []
+    arms_node = raw.get("arms")
+    if arms_node is not None:
+        if not isinstance(arms_node, dict) or not arms_node:
+            raise ConfigError(f"{source}: arms: expected a non-empty mapping name -> overrides")
+        for aname, node in arms_node.items():
+            aname = str(aname)
+            if not _NAME_RE.match(aname):
+                raise ConfigError(f"{source}: arms.{aname}: arm names must be file-name-safe "
+                                  "(letters, digits, _ . = , + -)")
+            arms.append(Arm(aname, _parse_overrides(node, f"{source}: arms.{aname}")))
+    if raw.get("grid") is not None:
+        garms = _grid_arms(raw["grid"], f"{source}: grid")
+        if arms:
+            arms = [Arm(f"{a.name},{g.name}", a.overrides + g.overrides)
+                    for a in arms for g in garms]
+        else:
+            arms = garms
+    if not arms:
+        arms = [Arm("base", ())]
+    seen: set[str] = set()
+    for a in arms:
+        if a.name in seen:
+            raise ConfigError(f"{source}: arms: duplicate arm name {a.name!r}")
+        seen.add(a.name)
+
+    if "seeds" in raw and "num_seeds" in raw:
+        raise ConfigError(f"{source}: seeds: give either seeds or num_seeds, not both")
+    if "num_seeds" in raw:
+        n = raw["num_seeds"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{source}: num_seeds: expected a positive integer, got {n!r}")
+        seeds = list(range(n))
+    elif "seeds" in raw:
+        seeds = raw["seeds"]
+        if (not isinstance(seeds, list) or not seeds
+                or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+            raise ConfigError(f"{source}: seeds: expected a non-empty list of integers, "
+                              f"got {seeds!r}")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"{source}: seeds: duplicate seeds in {seeds!r}")
+    else:
+        seeds = [0]
+
+    rates: list[float | None] = [None]
+    if raw.get("request_rates") is not None:
+        rnode = raw["request_rates"]
+        if not isinstance(rnode, list) or not rnode:
+            raise ConfigError(f"{source}: request_rates: expected a non-empty list, got {rnode!r}")
+        rates = [_parse_rate(v, f"{source}: request_rates[{i}]") for i, v in enumerate(rnode)]
+        if len(set(rates)) != len(rates):
+            raise ConfigError(f"{source}: request_rates: duplicate rates in {rnode!r}")
+
+    for where, items in [("overrides", overrides)] + [(f"arms.{a.name}", a.overrides)
+                                                      for a in arms]:
+        for k, _ in items:
+            if k == "workload.seed":
+                raise ConfigError(f"{source}: {where}.{k}: the sweep sets workload.seed from "
+                                  "seeds (common random numbers); use seeds/num_seeds")
+            if k == "workload.request_rate" and raw.get("request_rates") is not None:
+                raise ConfigError(f"{source}: {where}.{k}: conflicts with request_rates")
+
+    baseline = raw.get("baseline")
+    if baseline is not None and str(baseline) not in seen:
+        raise ConfigError(f"{source}: baseline: {baseline!r} is not an arm "
+                          f"(arms: {', '.join(a.name for a in arms)})")
+    if baseline is not None:  # the baseline goes first: it is arm A of every comparison
+        arms = sorted(arms, key=lambda a: a.name != str(baseline))
+
+    spec = SweepSpec(source=source, experiment_name=name, base_tree=base_tree,
+                     base_source=base_source, arms=arms, seeds=list(seeds), rates=rates,
+                     overrides=overrides, baseline=str(baseline) if baseline else arms[0].name,
+                     description=str(raw.get("description") or ""))
+    if check_configs:
+        validate_configs(spec)
+    return spec
+
+
+def validate_configs(spec: SweepSpec) -> None:
+    """Validate the base config and every (arm, rate) config up front, before any simulation.
+
+    Also fills ``spec.rate_labels`` for points that keep the base config's rate.
+    """
+    from servesim.simulator.config import validate_tree
+
+    validate_tree(copy.deepcopy(spec.base_tree), spec.base_source)
+    if spec.overrides:
+        validate_tree(build_tree(spec.base_tree, spec.overrides, None, None),
+                      f"{spec.source}: overrides")
+    for arm in spec.arms:
+        for rate in spec.rates:
+            tree = build_tree(spec.base_tree, spec.overrides + arm.overrides, spec.seeds[0], rate)
+            where = f"{spec.source}: arms.{arm.name}" + (
+                f" at request_rate {fmt_rate(rate)}" if rate is not None else "")
+            cfg = validate_tree(tree, where)
+            _check_registered(cfg, where)
+            if rate is None:
+                r = getattr(cfg.workload, "request_rate", None)
+                spec.rate_labels[(arm.name, None)] = fmt_rate(r) if r is not None else "base"
+    labels = {}
+    for arm in spec.arms:  # two base-rate arms must not collide with explicit rates
+        for rate in spec.rates:
+            lab = spec.rate_labels.get((arm.name, rate), fmt_rate(rate))
+            if (arm.name, lab) in labels and labels[(arm.name, lab)] != rate:
+                raise ConfigError(f"{spec.source}: request_rates: two rates of arm {arm.name} "
+                                  f"map to the same folder BENCH-{lab}")
+            labels[(arm.name, lab)] = rate
+
+
+def _check_registered(cfg: Any, where: str) -> None:
+    """Unknown scheduler policy / KV allocator names fail up front (when the registry exists)."""
+    try:
+        from servesim.simulator import registry
+    except ImportError:
+        return
+    for attr, section, key in (("scheduler_names", "scheduler", "policy"),
+                               ("kv_allocator_names", "cache", "allocator")):
+        fn = getattr(registry, attr, None)
+        if fn is None:
+            continue
+        names = set(fn())
+        val = getattr(getattr(cfg, section), key)
+        if names and val not in names:
+            raise ConfigError(f"{where}: {section}.{key}: unknown {key} {val!r} "
+                              f"(registered: {', '.join(sorted(names))})")
+
+
+def load_spec(path: str | Path, *, check_configs: bool = True) -> SweepSpec:
+    """Read and validate a sweep YAML file."""
+    from servesim.simulator.config import load_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such sweep file")
+    return parse_spec(load_yaml(p), str(p), p, check_configs=check_configs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluating one point (the same function on every backend)
+
+
+def evaluate_point(base_tree: dict, overrides: list, seed: int, rate: float | None) -> dict:
+    """Run one point and return its vLLM bench dict: a pure function of its arguments."""
+    from servesim.reports import compute_bench_result
+    from servesim.simulator import config as config_mod
+    from servesim.simulator.runner import run_experiment
+
+    tree = build_tree(base_tree, overrides, seed, rate)
+    cfg = config_mod.validate_tree(tree, f"sweep point seed={seed} rate={fmt_rate(rate)}")
+    resolve = getattr(config_mod, "resolve_config", None)
+    if resolve is not None:
+        cfg = resolve(cfg)
+    return compute_bench_result(run_experiment(cfg))
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, ServesimError):
+        return msg or type(e).__name__
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def run_point_safe(point_fn: PointFn, index: int, base_tree: dict, overrides: list, seed: int,
+                   rate: float | None) -> tuple[int, dict | None, str | None, float]:
+    """Worker entry: (index, bench dict or None, one-line error or None, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        return index, point_fn(base_tree, overrides, seed, rate), None, time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 -- recorded as run=<seed>.failure.json
+        return index, None, _one_line(e), time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends: each yields (index, result, error, seconds) as points finish, in any order
+
+
+def _iter_local(tasks: list[tuple], point_fn: PointFn, jobs: int) -> Iterator[tuple]:
+    if jobs <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            yield run_point_safe(point_fn, *t)
+        return
+    from joblib import Parallel, delayed
+
+    par = Parallel(n_jobs=min(jobs, len(tasks)), backend="loky",
+                   return_as="generator_unordered")
+    yield from par(delayed(run_point_safe)(point_fn, *t) for t in tasks)
+
+
+def _iter_ray(tasks: list[tuple], point_fn: PointFn, jobs: int) -> Iterator[tuple]:
+    try:
+        import ray
+    except ImportError:
+        raise ServesimError("--backend ray: ray is not installed "
+                            "(pip install 'servesim[cluster]')") from None
+    started = False
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "logging_level": "warning"}
+        try:
+            if address:
+                ray.init(address=address, **kw)
+            else:
+                ray.init(num_cpus=jobs, **kw)
+        except Exception as e:  # noqa: BLE001 -- any start-up failure is a user-facing error
+            raise ServesimError(f"--backend ray: cannot start/connect to Ray "
+                                f"({_one_line(e)})") from None
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_point_safe)
+        fn_ref = ray.put(point_fn)
+        index_of = {}
+        for t in tasks:
+            index_of[remote.remote(fn_ref, *t)] = t[0]
+        pending = list(index_of)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    yield ray.get(ref)
+                except Exception as e:  # noqa: BLE001 -- the worker died: that point failed
+                    yield index_of[ref], None, f"ray worker failed: {_one_line(e)}", 0.0
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=_json_default) + "\n"
+
+
+def _json_default(o: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    return str(o)
+
+
+def run_record(spec: SweepSpec, p: SweepPoint, bench: dict) -> dict:
+    """The bench dict of a run plus ``run_number``, the arm, seed and the override keys."""
+    rec = {k: v for k, v in bench.items() if k not in HOST_TIMING_KEYS}
+    rec["run_number"] = p.seed
+    rec["arm"] = p.arm
+    rec["seed"] = p.seed
+    if p.rate is not None and "request_rate" not in rec:
+        rec["request_rate"] = "inf" if math.isinf(p.rate) else p.rate
+    for k, v in p.arm_overrides:
+        rec[k] = v
+    rec["sweep_point_hash"] = spec.point_hash(p)
+    return rec
+
+
+def _load_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_done(spec: SweepSpec, p: SweepPoint, exp_dir: Path) -> bool:
+    """Resume test: the run file exists and was written for this very point definition."""
+    data = _load_json(exp_dir / p.dirname / p.run_name)
+    return data is not None and data.get("sweep_point_hash") == spec.point_hash(p)
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def collect_runs(spec: SweepSpec, exp_dir: Path) -> list[tuple[SweepPoint, dict]]:
+    """This spec's finished runs under ``exp_dir`` (stale files excluded), in canonical order."""
+    out = []
+    for p in spec.points():
+        data = _load_json(exp_dir / p.dirname / p.run_name)
+        if data is not None and data.get("sweep_point_hash") == spec.point_hash(p):
+            out.append((p, data))
+    return out
+
+
+def summary_columns(spec: SweepSpec, runs: list[dict]) -> list[str]:
+    cols = list(LEADING_COLUMNS) + [k for k in spec.override_keys if k not in LEADING_COLUMNS]
+    for r in runs:
+        for k, v in r.items():
+            if k not in cols and k not in VOLATILE_KEYS and _scalar(v):
+                cols.append(k)
+    return cols
+
+
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return v
+
+
+def write_summaries(spec: SweepSpec, exp_dir: Path) -> list[dict]:
+    """Rebuild every ``summary.json`` and ``summary.csv`` from the run files; return the rows."""
+    found = collect_runs(spec, exp_dir)
+    runs = [r for _, r in found]
+    by_dir: dict[str, list[dict]] = {}
+    for p, r in found:
+        by_dir.setdefault(p.dirname, []).append(r)
+    for d, items in by_dir.items():
+        atomic_write_text(exp_dir / d / "summary.json", _dumps(items))
+    cols = summary_columns(spec, runs)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for r in runs:
+        w.writerow([_csv_cell(r.get(c)) for c in cols])
+    atomic_write_text(exp_dir / "summary.csv", buf.getvalue())
+    return [{c: r.get(c) for c in cols} for r in runs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a sweep
+
+
+@dataclass
+class SweepOutcome:
+    exp_dir: Path
+    num_points: int
+    num_skipped: int
+    num_run: int
+    num_failed: int
+    failures: list[tuple[str, str]]  # (run file path, error)
+    rows: list[dict]
+    ab_rows: list[dict]
+    wall_seconds: float
+
+
+def run_sweep(
+    spec: SweepSpec,
+    outdir: str | Path,
+    *,
+    jobs: int | None = None,
+    backend: str = "local",
+    resume: bool = False,
+    progress: bool = False,
+    point_fn: PointFn | None = None,
+    max_points: int | None = None,
+) -> SweepOutcome:
+    """Run every point not yet done, writing each as it finishes; rebuild summaries and A/B.
+
+    ``max_points`` stops after that many new points (for tests of interruption/resume).
+    """
+    t0 = time.perf_counter()
+    if backend not in ("local", "ray"):
+        raise ConfigError(f"--backend {backend}: expected local or ray")
+    jobs = jobs or os.cpu_count() or 1
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: expected a positive integer")
+    point_fn = point_fn or evaluate_point
+    exp_dir = Path(outdir) / spec.experiment_name
+    points = spec.points()
+    if not resume and exp_dir.is_dir() and any(exp_dir.glob("SERVE-*/run=*.json")):
+        raise ConfigError(f"{exp_dir}: already holds sweep results; pass --resume to continue "
+                          "that sweep, or choose another -o")
+    todo = [p for p in points if not (resume and _is_done(spec, p, exp_dir))]
+    skipped = len(points) - len(todo)
+    if max_points is not None:
+        todo = todo[:max_points]
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    tasks = [(i, spec.base_tree, list(p.overrides), p.seed, p.rate) for i, p in enumerate(todo)]
+    it = (_iter_ray if backend == "ray" else _iter_local)(tasks, point_fn, jobs)
+
+    failures: list[tuple[str, str]] = []
+    n_run = 0
+    bar = _progress(progress, len(points), skipped, spec.experiment_name)
+    try:
+        for index, bench, err, _secs in it:
+            p = todo[index]
+            d = exp_dir / p.dirname
+            if err is None:
+                atomic_write_text(d / p.run_name, _dumps(run_record(spec, p, bench)))
+                (d / p.failure_name).unlink(missing_ok=True)
+            else:
+                fail = {"error": err, "arm": p.arm, "seed": p.seed, "run_number": p.seed,
+                        "request_rate": p.rate_label,
+                        **{k: v for k, v in p.arm_overrides}}
+                atomic_write_text(d / p.failure_name, _dumps(fail))
+                failures.append((str(d / p.failure_name), err))
+            n_run += 1
+            if bar is not None:
+                bar[0].advance(bar[1])
+    finally:
+        if bar is not None:
+            bar[0].stop()
+
+    rows = write_summaries(spec, exp_dir)
+    ab_rows: list[dict] = []
+    if len(spec.arms) > 1 and rows:
+        from servesim.reports.ab import paired_ab, write_ab_csv
+
+        ab_rows = paired_ab(rows, baseline=spec.baseline)
+        write_ab_csv(ab_rows, exp_dir / "ab.csv")
+    return SweepOutcome(exp_dir=exp_dir, num_points=len(points), num_skipped=skipped,
+                        num_run=n_run, num_failed=len(failures), failures=failures, rows=rows,
+                        ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)
+
+
+def _progress(enabled: bool, total: int, done: int, name: str):
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    prog = Progress(TextColumn("[bold]sweep {task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+    prog.start()
+    task = prog.add_task(name, total=total, completed=done)
+    return prog, task
