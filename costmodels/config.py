@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
@@ -19,7 +19,7 @@ class ModelConfig(_Section):
         description="A file in configs/models/ (HF config.json fields as YAML) or a path to a "
         "Hugging Face config.json",
     )
-    max_model_len: Optional[PositiveInt] = Field(
+    max_model_len: PositiveInt | None = Field(
         None, description="Context limit in tokens; default: the model's max_position_embeddings"
     )
     dtype: Literal["auto", "bfloat16", "float16"] = "auto"
@@ -32,14 +32,20 @@ class HardwareConfig(_Section):
     overridden inline (or a fully inline spec when ``name`` is not a shipped file)."""
 
     name: str = "a100-sxm4-80gb"
-    bf16_tflops: Optional[float] = Field(None, gt=0, description="Dense BF16/FP16 tensor TFLOP/s")
-    fp8_tflops: Optional[float] = Field(None, gt=0, description="Dense FP8 tensor TFLOP/s")
-    memory_gib: Optional[float] = Field(None, gt=0, description="Device memory, GiB")
-    mem_bw_gbps: Optional[float] = Field(None, gt=0, description="HBM bandwidth, GB/s")
-    l2_mib: Optional[float] = Field(None, gt=0)
-    num_sms: Optional[int] = Field(None, gt=0)
-    link_bw_gbps: Optional[float] = Field(
+    bf16_tflops: float | None = Field(None, gt=0, description="Dense BF16/FP16 tensor TFLOP/s")
+    fp8_tflops: float | None = Field(None, gt=0, description="Dense FP8 tensor TFLOP/s")
+    int8_tops: float | None = Field(None, gt=0, description="Dense INT8 tensor TOP/s")
+    memory_gib: float | None = Field(None, gt=0, description="Device memory, GiB")
+    mem_bw_gbps: float | None = Field(None, gt=0, description="HBM bandwidth, GB/s")
+    l2_mib: float | None = Field(None, gt=0)
+    num_sms: int | None = Field(None, gt=0)
+    link_bw_gbps: float | None = Field(
         None, gt=0, description="Intra-node GPU-GPU bandwidth per direction, GB/s"
     )
-    link_latency_us: Optional[float] = Field(None, ge=0)
-    pcie_bw_gbps: Optional[float] = Field(None, gt=0)
+    link_latency_us: float | None = Field(None, ge=0)
+    pcie_bw_gbps: float | None = Field(None, gt=0)
+    calibration: str | None = Field(
+        "auto",
+        description='"auto": configs/calibration/<name>.yaml when it exists (default '
+        'efficiencies otherwise); "none": default efficiencies; or a path to a calibration file',
+    )
