@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from servesim.kernels.util import cdiv, interpreting, next_pow2
 
 SKINNY_MAX_M = 64
@@ -80,8 +79,8 @@ def _matmul_kernel(
 
 
 def _cfg(bm, bn, bk, split_k, warps, stages, group_m=8):
-    return triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m,
-                              SPLIT_K=split_k), num_warps=warps, num_stages=stages)
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m,
+                          "SPLIT_K": split_k}, num_warps=warps, num_stages=stages)
 
 
 SKINNY_CONFIGS = [
@@ -135,7 +134,7 @@ def _grid(M, N):
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0,
            out_dtype: torch.dtype | None = None, config: dict | None = None) -> torch.Tensor:
-    """``alpha * a[M,K] @ b[K,N]`` -> ``[M,N]`` in ``out_dtype`` (default: ``a.dtype``, bf16 for fp8).
+    """``alpha * a[M,K] @ b[K,N]`` -> ``[M,N]`` in ``out_dtype`` (default a.dtype; fp8 -> bf16).
 
     ``config``: explicit ``{BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, num_warps,
     num_stages}`` bypasses autotuning (tests; the CPU interpreter).
@@ -179,9 +178,10 @@ def heuristic_config(M: int, N: int, K: int) -> dict:
     if M <= SKINNY_MAX_M:
         bm = max(16, next_pow2(M))
         split = 4 if K >= 8 * 128 else 1
-        return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=128 if K >= 128 else 32, SPLIT_K=split,
-                    num_warps=4, num_stages=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+        return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128 if K >= 128 else 32,
+                "SPLIT_K": split, "num_warps": 4, "num_stages": 4}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
+            "num_warps": 8, "num_stages": 3}
 
 
 def fp8_supported() -> bool:

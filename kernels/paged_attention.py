@@ -34,7 +34,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from servesim.kernels.util import cdiv, interpreting, next_pow2
 
 BLOCK_N = 64  # KV tokens per tile

@@ -34,7 +34,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from servesim.kernels.util import interpreting, next_pow2
 
 BLOCK_M = 128  # MMA rows per program (tokens x heads of one KV head)
