@@ -1,0 +1,251 @@
+"""The replica engine and the benchmark client, as SimPy processes.
+
+One event per engine step (``EngineCore.step``: schedule → execute → update_from_output): the
+step's duration comes from the cost model; the engine sleeps when nothing is runnable and
+wakes on an arrival. The client sends requests like ``vllm bench serve``: at their arrival
+times, through an optional ``max_concurrency`` semaphore, and multi-turn follow-ups after their
+parent finishes (plus think time). Requests the API server would refuse are rejected at send
+time and counted as failed, never dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+from typing import Callable, Iterable, Optional
+
+import simpy
+
+from servesim.simulator.request import FINISHED_REASON, Request, RequestStatus
+from servesim.workloads.schema import RequestSpec
+
+
+class Recorder:
+    """Columnar per-request and per-step records (arrays of doubles; bounded memory)."""
+
+    REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
+           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+    STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
+            "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
+
+    def __init__(self):
+        self.req = {k: array("d") for k in self.REQ}
+        self.request_id: list[str] = []
+        self.reason: list[str] = []
+        self.error: list[str] = []
+        self.step = {k: array("d") for k in self.STEP}
+        self.itl_explicit: list[float] = []
+        self.itl_weighted: list[tuple[float, int]] = []
+
+    def record_request(self, r: Request, reason: str) -> None:
+        d = self.req
+        d["index"].append(r.index)
+        d["arrival_s"].append(r.spec.arrival_s)
+        d["send_s"].append(r.send_time)
+        d["prompt_len"].append(r.prompt_len)
+        d["output_len"].append(r.num_output_tokens)
+        d["num_cached_tokens"].append(max(r.num_cached_tokens, 0))
+        d["first_scheduled_s"].append(r.first_scheduled_time)
+        d["first_token_s"].append(r.first_token_time)
+        d["finish_s"].append(r.finish_time)
+        d["num_preemptions"].append(r.num_preemptions)
+        self.request_id.append(r.request_id)
+        self.reason.append(reason)
+        self.error.append(r.error)
+
+
+class Replica:
+    """One vLLM engine (``EngineCore``): scheduler + KV cache + step cost model."""
+
+    def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
+                 recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0):
+        self.env = env
+        self.scheduler = scheduler
+        self.kv = scheduler.kv
+        self.step_seconds = step_seconds
+        self.rec = recorder
+        self.on_finish = on_finish
+        self.replica_id = replica_id
+        self._wake: Optional[simpy.Event] = None
+        self.num_steps = 0
+        self.busy_seconds = 0.0
+        self.process = env.process(self._run())
+
+    @property
+    def load(self) -> int:
+        """vLLM's DP load-balancing score: waiting·4 + running."""
+        s = self.scheduler
+        return s.num_waiting * 4 + s.num_running
+
+    def add_request(self, req: Request) -> None:
+        self.scheduler.add_request(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _run(self):
+        env = self.env
+        sched = self.scheduler
+        kv = self.kv
+        stats = kv.prefix_cache_stats
+        step_cols = self.rec.step
+        c_time, c_dt, c_tok = step_cols["time_s"], step_cols["step_seconds"], step_cols["step_tokens"]
+        c_run, c_wait, c_kv = step_cols["running"], step_cols["waiting"], step_cols["kv_usage"]
+        c_pre, c_q, c_h = step_cols["preemptions"], step_cols["prefix_queries"], step_cols["prefix_hits"]
+        c_nd, c_pt = step_cols["num_decode"], step_cols["prefill_tokens"]
+        itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
+        step_seconds = self.step_seconds
+        on_finish = self.on_finish
+        while True:
+            if not sched.has_requests():
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            out = sched.schedule()
+            if out.total_num_scheduled_tokens == 0:
+                # Nothing fits and nothing runs: cannot happen for requests that passed the
+                # admission check; wait for the next arrival rather than spin.
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            shape = out.shape
+            dt = step_seconds(shape)
+            yield env.timeout(dt)
+            now = env.now
+            self.num_steps += 1
+            self.busy_seconds += dt
+            finished = sched.update_from_output(out, now, dt, itl_e, itl_w)
+            c_time.append(now)
+            c_dt.append(dt)
+            c_tok.append(out.total_num_scheduled_tokens)
+            c_run.append(sched.num_running)
+            c_wait.append(sched.num_waiting)
+            c_kv.append(kv.block_pool.get_usage())
+            c_pre.append(sched.num_preemptions)
+            c_q.append(stats.queries)
+            c_h.append(stats.hits)
+            c_nd.append(shape.num_decode)
+            c_pt.append(shape.num_tokens - shape.num_decode)
+            for r in finished:
+                on_finish(r)
+
+
+class Client:
+    """``vllm bench serve`` as a SimPy process: sends, concurrency limit, rejections, sessions."""
+
+    def __init__(self, env: simpy.Environment, specs: Iterable[RequestSpec],
+                 replicas: list[Replica], recorder: Recorder, *, max_model_len: int,
+                 num_gpu_blocks: int, block_size: int, max_concurrency: Optional[int],
+                 on_progress: Optional[Callable[[int], None]] = None):
+        self.env = env
+        self.specs = iter(specs)
+        self.replicas = replicas
+        self.rec = recorder
+        self.max_model_len = max_model_len
+        self.max_blocks = num_gpu_blocks - 1  # the null block is never usable
+        self.block_size = block_size
+        self.max_concurrency = max_concurrency
+        self.on_progress = on_progress
+        self.in_flight = 0
+        self.num_sent = 0
+        self.num_done = 0
+        self._queue: deque[RequestSpec] = deque()  # client-side queue under max_concurrency
+        self._children: dict[str, list[RequestSpec]] = {}
+        self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
+        self._rr = 0
+        self.process = env.process(self._arrivals())
+
+    def _arrivals(self):
+        env = self.env
+        index = 0
+        for spec in self.specs:
+            if spec.request_id is None:
+                spec.request_id = str(index)
+            spec.extra["_index"] = index
+            index += 1
+            if spec.parent_id is not None:
+                end = self._ended.get(spec.parent_id)
+                if end is None:
+                    self._children.setdefault(spec.parent_id, []).append(spec)
+                    continue
+                t = max(spec.arrival_s, end + spec.think_time_s)
+            else:
+                t = spec.arrival_s
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self._offer(spec)
+
+    def _offer(self, spec: RequestSpec) -> None:
+        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+            self._queue.append(spec)
+        else:
+            self._send(spec)
+
+    def _send(self, spec: RequestSpec) -> None:
+        env = self.env
+        req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
+        self.num_sent += 1
+        reason = self._reject_reason(req)
+        if reason:
+            req.error = reason
+            req.status = RequestStatus.FINISHED_IGNORED
+            req.finish_time = env.now
+            self._end(req)
+            return
+        self.in_flight += 1
+        if len(self.replicas) == 1:
+            self.replicas[0].add_request(req)
+        else:  # vLLM DP load balancing: least (waiting·4 + running), ties round-robin
+            n = len(self.replicas)
+            best = min(range(n), key=lambda i: (self.replicas[(self._rr + i) % n].load, i))
+            self.replicas[(self._rr + best) % n].add_request(req)
+            self._rr = (self._rr + 1) % n
+
+    def _reject_reason(self, req: Request) -> str:
+        mml = self.max_model_len
+        if req.prompt_len <= 0:
+            return "empty prompt"
+        if req.prompt_len > mml:
+            return (f"prompt ({req.prompt_len} tokens) is longer than max_model_len ({mml})")
+        if req.eos_after is None and req.prompt_len + req.max_tokens > mml:
+            return (f"max_model_len is {mml} tokens but {req.prompt_len + req.max_tokens} were "
+                    f"requested ({req.prompt_len} prompt + {req.max_tokens} max_tokens)")
+        final = req.prompt_len + min(req.max_tokens, req.eos_after or req.max_tokens)
+        need = -(-min(final, mml) // self.block_size)
+        if need > self.max_blocks:
+            return (f"needs {need} KV blocks, more than the whole cache ({self.max_blocks}); "
+                    "vLLM would never schedule it")
+        return ""
+
+    def on_finish(self, req: Request) -> None:
+        self.in_flight -= 1
+        self._end(req)
+        while self._queue and (self.max_concurrency is None
+                               or self.in_flight < self.max_concurrency):
+            self._send(self._queue.popleft())
+
+    def _end(self, req: Request) -> None:
+        reason = FINISHED_REASON.get(req.status, "in_flight")
+        self.rec.record_request(req, reason)
+        self.num_done += 1
+        rid = req.request_id
+        if req.spec.session_id is not None:
+            self._ended[rid] = req.finish_time
+        kids = self._children.pop(rid, None)
+        if kids:
+            for spec in kids:
+                delay = max(spec.arrival_s, req.finish_time + spec.think_time_s) - self.env.now
+                self.env.process(self._delayed(spec, delay))
+        if self.on_progress is not None:
+            self.on_progress(self.num_done)
+
+    def _delayed(self, spec: RequestSpec, delay: float):
+        if delay > 0:
+            yield self.env.timeout(delay)
+        self._offer(spec)
+
+
+def finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))

@@ -1,0 +1,280 @@
+"""Paged KV cache with prefix caching, as vLLM V1's ``v1/core`` implements it.
+
+Names follow vLLM (``kv_cache_utils.py``, ``block_pool.py``, ``kv_cache_manager.py``); rules and
+line references are in the course digest §3:
+
+- block 0 is the reserved ``null_block`` (never cached, excluded from usage);
+- free ⟺ ``ref_cnt == 0``; freed blocks keep their hash (lazy eviction) and are evicted LRU from
+  the front of the free queue when reallocated;
+- a request's blocks are freed in reverse order, so tails are evicted before shared heads;
+- only full blocks are hashed; hashes chain parent hash + content (+ LoRA/salt at the root);
+- prefix hits are capped at ``num_tokens - 1`` (the last token is recomputed for logits);
+- blocks are cached eagerly at allocation, so requests admitted in one step already share.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Optional
+
+from servesim.simulator.request import Request
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "is_null")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: Optional[int] = None
+        self.is_null = False
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
+
+
+class FreeKVCacheBlockQueue:
+    """Free blocks in eviction (LRU) order: O(1) ``popleft``, ``append`` and middle ``remove``.
+
+    vLLM hand-rolls a doubly linked list; an ``OrderedDict`` keyed by block id has the same
+    operations and order, implemented in C.
+    """
+
+    __slots__ = ("_q",)
+
+    def __init__(self, blocks: Iterable[KVCacheBlock]):
+        self._q: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._q)
+
+    def popleft(self) -> KVCacheBlock:
+        return self._q.popitem(last=False)[1]
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        pop = self._q.popitem
+        return [pop(last=False)[1] for _ in range(n)]
+
+    def remove(self, block: KVCacheBlock) -> None:
+        del self._q[block.block_id]
+
+    def append(self, block: KVCacheBlock) -> None:
+        self._q[block.block_id] = block
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        q = self._q
+        for b in blocks:
+            q[b.block_id] = b
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        return list(self._q.values())
+
+
+class BlockPool:
+    """All KV blocks of one replica, the free queue and the prefix-cache index."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool):
+        if num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # hash -> {block_id: block}; several blocks may hold the same content (no dedup).
+        self.cached_block_hash_to_block: dict[int, dict[int, KVCacheBlock]] = {}
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.num_evictions = 0
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_block_queue._q)
+
+    def get_usage(self) -> float:
+        """KV-cache usage in [0, 1]: used / (total - null block), vLLM's ``get_usage``."""
+        return 1.0 - len(self.free_block_queue._q) / (self.num_gpu_blocks - 1)
+
+    def get_cached_block(self, block_hash: int) -> Optional[KVCacheBlock]:
+        blocks = self.cached_block_hash_to_block.get(block_hash)
+        if not blocks:
+            return None
+        return next(iter(blocks.values()))
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` from the free queue front, evicting their cached hashes."""
+        if num_blocks > len(self.free_block_queue._q):
+            raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            for block in ret:
+                if block.block_hash is not None:
+                    self._evict(block)
+                block.ref_cnt += 1
+        else:
+            for block in ret:
+                block.ref_cnt += 1
+        return ret
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        """vLLM ``_maybe_evict_cached_block``: drop the block from the hash index."""
+        h = block.block_hash
+        entry = self.cached_block_hash_to_block.get(h)
+        if entry is not None:
+            entry.pop(block.block_id, None)
+            if not entry:
+                del self.cached_block_hash_to_block[h]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-hit blocks, reviving free ones from the queue middle."""
+        q = self.free_block_queue._q
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                del q[block.block_id]
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference each; blocks reaching 0 go to the queue tail, keeping hashes."""
+        q = self.free_block_queue._q
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                q[block.block_id] = block
+
+    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[int],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Index ``blocks[num_cached_blocks:num_full_blocks]`` under their content hashes."""
+        index = self.cached_block_hash_to_block
+        for i in range(num_cached_blocks, num_full_blocks):
+            blk = blocks[i]
+            if blk.is_null:
+                continue
+            h = block_hashes[i]
+            blk.block_hash = h
+            entry = index.get(h)
+            if entry is None:
+                index[h] = {blk.block_id: blk}
+            else:
+                entry[blk.block_id] = blk
+
+
+class PrefixCacheStats:
+    """vLLM's ``PrefixCacheStats``: queries and hits in tokens; preempted requests apart."""
+
+    __slots__ = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                 "preempted_hits")
+
+    def __init__(self):
+        self.requests = self.queries = self.hits = 0
+        self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+class KVCacheManager:
+    """vLLM's ``KVCacheManager`` for one full-attention KV-cache group."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool,
+                 max_model_len: int):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.block_pool.num_gpu_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.block_pool.free_block_queue._q)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest prefix hit in full blocks, capped at ``num_tokens - 1`` tokens."""
+        if not self.enable_caching:
+            return [], 0
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
+        hashes = request.ensure_block_hashes(max_blocks, bs)
+        index = self.block_pool.cached_block_hash_to_block
+        computed: list[KVCacheBlock] = []
+        for i in range(max_blocks):
+            entry = index.get(hashes[i])
+            if not entry:
+                break
+            computed.append(next(iter(entry.values())))
+        num_hit = len(computed) * bs
+        self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
+        return computed, num_hit
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Optional[list[KVCacheBlock]] = None,
+                       num_lookahead_tokens: int = 0) -> Optional[list[KVCacheBlock]]:
+        """Make room for ``num_new_tokens`` (+ lookahead); None when the pool is short.
+
+        Blocks needed = ceil(min(computed + hits + new + lookahead, max_model_len) / block_size)
+        − blocks held − hit blocks, plus hit blocks that sit in the free queue (reviving them
+        takes them out of it). On success the newly full blocks are cached at once (eager).
+        """
+        bs = self.block_size
+        pool = self.block_pool
+        blocks = request.blocks
+        hits = new_computed_blocks or ()
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        need_tokens = num_computed + num_new_tokens + num_lookahead_tokens
+        if need_tokens > self.max_model_len:
+            need_tokens = self.max_model_len
+        num_new_blocks = -(-need_tokens // bs) - len(blocks) - len(hits)
+        if hits:
+            num_new_blocks += sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null)
+        if num_new_blocks > len(pool.free_block_queue._q):
+            return None
+        if hits:
+            pool.touch(hits)
+            blocks.extend(hits)
+            if request.num_cached_blocks == 0:
+                request.num_cached_blocks = len(hits)
+        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        if new_blocks:
+            blocks.extend(new_blocks)
+        if self.enable_caching:
+            num_tokens_to_cache = num_computed + num_new_tokens
+            if num_tokens_to_cache > request.num_tokens:
+                num_tokens_to_cache = request.num_tokens
+            num_full = num_tokens_to_cache // bs
+            if num_full > request.num_cached_blocks:
+                hashes = request.ensure_block_hashes(num_full, bs)
+                pool.cache_full_blocks(blocks, hashes, request.num_cached_blocks, num_full)
+                request.num_cached_blocks = num_full
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Release a finished or preempted request's blocks, tail first."""
+        blocks = request.blocks
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+        request.blocks = []
+        request.num_cached_blocks = 0
+
+    def check_invariants(self) -> None:
+        """free ⟺ ref_cnt == 0 (null block excluded); used by tests."""
+        free_ids = set(self.block_pool.free_block_queue._q)
+        for b in self.block_pool.blocks:
+            if b.is_null:
+                continue
+            assert (b.block_id in free_ids) == (b.ref_cnt == 0), b
+            assert b.ref_cnt >= 0, b

@@ -1,0 +1,137 @@
+"""Request lifecycle, as vLLM V1's ``vllm/v1/request.py`` models it.
+
+Two counters drive everything (course digest §1): ``num_tokens`` (prompt + generated so far)
+and ``num_computed_tokens`` (tokens whose KV is in the cache). A request samples a token in a
+step iff ``num_computed_tokens + num_scheduled == num_tokens`` (the sampling guard), so a
+request that is never preempted is scheduled ``prompt_len + max_tokens - 1`` tokens in total.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+
+from servesim.workloads.schema import RequestSpec
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    # Everything above PREEMPTED is finished (vLLM: ``is_finished = status > PREEMPTED``).
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_IGNORED = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+FINISHED_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_IGNORED: "rejected",
+}
+
+
+def stable_int(s: str | None) -> int:
+    """A process-independent 63-bit integer for a string (``hash()`` of str is salted)."""
+    if s is None:
+        return 0
+    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class Request:
+    """One request inside the engine.
+
+    ``max_tokens`` is the output cap (vLLM ``SamplingParams.max_tokens``); ``eos_after`` is the
+    number of outputs after which the model emits EOS (None when ``ignore_eos``). A request that
+    stops on EOS finishes as FINISHED_STOPPED ("stop"), one that hits ``max_tokens`` or
+    ``max_model_len`` as FINISHED_LENGTH_CAPPED ("length"); EOS is checked first, like vLLM's
+    ``check_stop``.
+
+    KV content identity for prefix caching: block ``i`` (``block_size`` tokens) hashes its
+    parent's hash with a content key: the workload's ``prefix_block_ids[i]`` when given, else the
+    prompt's token ids when known, else a key unique to this request.
+    """
+
+    __slots__ = (
+        "request_id", "index", "prompt_len", "max_tokens", "eos_after", "priority",
+        "arrival_time", "send_time", "num_tokens", "num_computed_tokens", "num_output_tokens",
+        "status", "blocks", "num_cached_blocks", "block_hashes", "num_cached_tokens",
+        "num_preemptions", "first_scheduled_time", "first_token_time", "last_token_time",
+        "finish_time", "prefix_block_ids", "prompt_token_ids", "root_hash", "spec",
+        "error", "d_mark", "d_computed",
+    )
+
+    def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
+        self.spec = spec
+        self.index = index
+        self.request_id = spec.request_id if spec.request_id is not None else str(index)
+        self.prompt_len = int(spec.prompt_len)
+        if spec.ignore_eos:
+            self.max_tokens = int(spec.output_len)
+            self.eos_after = None
+        else:  # the API default max_tokens: whatever fits in max_model_len
+            self.max_tokens = max(max_model_len - self.prompt_len, 1)
+            self.eos_after = int(spec.output_len)
+        self.priority = spec.priority
+        self.arrival_time = send_time  # engine arrival == client send (no network model)
+        self.send_time = send_time
+        self.num_tokens = self.prompt_len
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.blocks: list = []
+        self.num_cached_blocks = 0
+        self.block_hashes: list[int] = []
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.first_scheduled_time = float("nan")
+        self.first_token_time = float("nan")
+        self.last_token_time = float("nan")
+        self.finish_time = float("nan")
+        self.prefix_block_ids = spec.prefix_block_ids or ()
+        self.prompt_token_ids = spec.prompt_token_ids
+        self.root_hash = hash((stable_int(spec.lora), stable_int(spec.cache_salt)))
+        self.error = ""
+        # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
+        self.d_mark = -1
+        self.d_computed = 0
+
+    # -- prefix-cache content ------------------------------------------------------------------
+    def ensure_block_hashes(self, num_full_blocks: int, block_size: int) -> list[int]:
+        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks."""
+        hashes = self.block_hashes
+        i = len(hashes)
+        if i >= num_full_blocks:
+            return hashes
+        parent = hashes[-1] if hashes else self.root_hash
+        ids = self.prefix_block_ids
+        n_ids = len(ids)
+        toks = self.prompt_token_ids
+        prompt_blocks = self.prompt_len // block_size if toks is not None else 0
+        uid = self.index
+        while i < num_full_blocks:
+            if i < n_ids:
+                key = ids[i]
+            elif i < prompt_blocks:
+                key = tuple(toks[i * block_size:(i + 1) * block_size])
+            else:
+                key = (-1, uid, i)
+            parent = hash((parent, key))
+            hashes.append(parent)
+            i += 1
+        return hashes
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, out={self.num_output_tokens}, "
+                f"{self.status.name})")
