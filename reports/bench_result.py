@@ -19,6 +19,8 @@ servesim file sees what the default ``vllm bench serve`` writes):
 - ``endpoint_type`` = ``backend`` = ``"openai"`` (vLLM's default ``--backend``; vLLM writes
   ``endpoint_type = args.backend`` for backward compatibility).
 - ``model_id`` = ``tokenizer_id`` = ``cfg.model.name`` (vLLM's tokenizer defaults to the model).
+- ``request_rate`` / ``burstiness``: float, or the string ``"inf"`` (vLLM's spelling for the rate;
+  the same for burstiness so the file stays valid JSON).
 - ``label`` = ``cfg.output.label`` (null when unset, like vLLM without ``--label``).
 - ``date``: UTC (vLLM uses local time) so files do not depend on the host's timezone.
 - ``queue_times`` (per request, s): the client-side wait before sending
@@ -326,7 +328,8 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     for k, v in (getattr(out_cfg, "metadata", None) or {}).items():  # vllm bench --metadata
         bench[str(k)] = v
     bench["request_rate"] = rate
-    bench["burstiness"] = _num(_traffic(result, "burstiness", 1.0))
+    burst = _traffic(result, "burstiness", 1.0)
+    bench["burstiness"] = "inf" if burst is not None and float(burst) == math.inf else _num(burst)
     bench["max_concurrency"] = _num(max_concurrency)
     if _traffic(result, "ramp_up_strategy") is not None:
         for k in RAMP_UP_KEYS:

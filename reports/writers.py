@@ -65,9 +65,12 @@ def _cells(values: Any) -> list[str]:
     """One column → CSV cell strings (see module docstring)."""
     a = np.asarray(values)
     if a.dtype.kind == "f":
-        return [repr(v) if math.isfinite(v) else "" for v in a.tolist()]
+        cells = list(map(float.__repr__, a.astype(float).tolist()))
+        for i in np.flatnonzero(~np.isfinite(a)).tolist():
+            cells[i] = ""
+        return cells
     if a.dtype.kind in "iub":
-        return [str(v) for v in a.tolist()]
+        return list(map(str, a.tolist()))
     out = []
     for v in a.tolist():
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
