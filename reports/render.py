@@ -1,0 +1,604 @@
+"""``simulate report DIR``: Markdown + self-contained HTML reports for a run, a sweep or a plan.
+
+- run dir (``result.json`` + ``requests.csv`` + ``timeseries.csv``): latency CDFs with SLO
+  lines, KV cache / queues over time, step time / batch tokens over time;
+- sweep dir (``vllm bench sweep`` layout ``<exp>/SERVE-<arm>-BENCH-<x>/run=<seed>.json``,
+  optionally ``summary.csv``): latency percentiles, throughput and goodput vs rate, Pareto
+  front, paired A/B deltas;
+- plan dir (``plan.json`` / ``plan.csv`` of ``simulate plan``): cost and capacity per
+  candidate, Pareto front, latency and throughput vs rate with the knees.
+
+The first paragraph states the answer. ``report.md`` references PNG files written next to it;
+``report.html`` embeds the same PNGs as base64 (no scripts, no external resources: it opens
+offline).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from servesim.simulator.errors import ServesimError
+
+# ---------------------------------------------------------------------------------------------
+# Report model + writers
+
+
+@dataclass
+class Table:
+    df: pd.DataFrame
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    heading: str
+    items: list = field(default_factory=list)  # str (paragraph) | Table | figures.Figure
+
+
+@dataclass
+class Report:
+    title: str
+    summary: str
+    sections: list[Section] = field(default_factory=list)
+    kind: str = ""
+
+    @property
+    def figures(self) -> list:
+        from servesim.reports.figures import Figure
+
+        return [it for s in self.sections for it in s.items if isinstance(it, Figure)]
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (float, np.floating)):
+        if not math.isfinite(v):
+            return ""
+        if v == int(v) and abs(v) < 1e9:
+            return str(int(v))
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+    return str(v)
+
+
+def md_table(df: pd.DataFrame) -> str:
+    cols = [str(c) for c in df.columns]
+    esc = lambda s: s.replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(esc(c) for c in cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(esc(_cell(v)) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def html_table(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+        for row in df.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def to_markdown(rep: Report, outdir: Path) -> str:
+    """Markdown text; writes each figure as ``fig_<name>.png`` into ``outdir``."""
+    from servesim.reports.figures import Figure
+
+    out = [f"# {rep.title}", "", rep.summary, ""]
+    for sec in rep.sections:
+        out += [f"## {sec.heading}", ""]
+        for it in sec.items:
+            if isinstance(it, Figure):
+                fn = f"fig_{it.name}.png"
+                (outdir / fn).write_bytes(it.png)
+                out += [f"![{it.title}]({fn})", "", f"*{it.title}.* {it.caption}", ""]
+            elif isinstance(it, Table):
+                if it.caption:
+                    out += [it.caption, ""]
+                out += [md_table(it.df), ""]
+            else:
+                out += [str(it), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+_CSS = """body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1180px;
+margin:24px auto;padding:0 16px;color:#222;line-height:1.45}h1{font-size:1.6em}
+h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:1.6em}
+.answer{background:#f3f8f3;border-left:4px solid #2ca02c;padding:10px 14px;font-size:1.05em}
+table{border-collapse:collapse;font-size:12px;margin:8px 0;display:block;overflow-x:auto}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f4f4f4}figure{margin:12px 0}img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:13px;color:#444}.muted{color:#777;font-size:12px}"""
+
+
+def to_html(rep: Report) -> str:
+    """One self-contained HTML page (inline CSS, base64 PNGs, no scripts)."""
+    from servesim.reports.figures import Figure
+
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(rep.title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(rep.title)}</h1>",
+             f'<p class="answer">{_inline_md(rep.summary)}</p>']
+    for sec in rep.sections:
+        parts.append(f"<h2>{html.escape(sec.heading)}</h2>")
+        for it in sec.items:
+            if isinstance(it, Figure):
+                b64 = base64.b64encode(it.png).decode()
+                parts.append(
+                    f'<figure><img alt="{html.escape(it.title)}" '
+                    f'src="data:image/png;base64,{b64}"><figcaption><b>'
+                    f"{html.escape(it.title)}.</b> {html.escape(it.caption)}</figcaption>"
+                    "</figure>")
+            elif isinstance(it, Table):
+                if it.caption:
+                    parts.append(f"<p>{_inline_md(it.caption)}</p>")
+                parts.append(html_table(it.df))
+            else:
+                parts.append(f"<p>{_inline_md(str(it))}</p>")
+    parts.append('<p class="muted">Generated by servesim (simulated results).</p>')
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _inline_md(s: str) -> str:
+    s = html.escape(s)
+    s = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", s)
+    s = re.sub(r"`(.+?)`", r"<code>\1</code>", s)
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection + entry point
+
+
+def detect_kind(d: Path) -> str:
+    """``plan`` | ``run`` | ``sweep`` for a results folder (ServesimError otherwise)."""
+    if (d / "plan.json").is_file() or (d / "plan.csv").is_file():
+        return "plan"
+    if (d / "result.json").is_file() and (d / "requests.csv").is_file():
+        return "run"
+    if (d / "summary.csv").is_file() or next(d.glob("**/run=*.json"), None) is not None:
+        return "sweep"
+    raise ServesimError(
+        f"{d}: not a results folder (expected result.json + requests.csv, a sweep with "
+        "summary.csv or SERVE-*/run=*.json, or a plan with plan.json/plan.csv)")
+
+
+def build_report(d: str | Path) -> Report:
+    d = Path(d)
+    if not d.is_dir():
+        raise ServesimError(f"{d}: no such directory")
+    kind = detect_kind(d)
+    rep = {"plan": plan_report, "run": run_report, "sweep": sweep_report}[kind](d)
+    rep.kind = kind
+    return rep
+
+
+def write_report(d: str | Path) -> tuple[Path, Path]:
+    """Write ``report.md`` (+ ``fig_*.png``) and ``report.html`` into ``d``."""
+    d = Path(d)
+    rep = build_report(d)
+    md = d / "report.md"
+    md.write_text(to_markdown(rep, d))
+    hp = d / "report.html"
+    hp.write_text(to_html(rep))
+    return md, hp
+
+
+# ---------------------------------------------------------------------------------------------
+# Run report
+
+
+def _load_json(p: Path) -> dict:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ServesimError(f"{p}: cannot read JSON ({e})") from None
+
+
+def _slo_of_run(d: Path, result: dict) -> dict:
+    slo: dict = {}
+    cfgp = d / "config.resolved.yaml"
+    if cfgp.is_file():
+        import yaml
+
+        try:
+            tree = yaml.safe_load(cfgp.read_text()) or {}
+            slo = {k: v for k, v in (tree.get("slo") or {}).items() if v is not None}
+        except yaml.YAMLError:
+            pass
+    for k in ("ttft", "tpot", "e2el"):  # extras some writers add
+        v = result.get(f"slo_{k}_ms")
+        if v is not None:
+            slo.setdefault(f"{k}_ms", v)
+    return slo
+
+
+def _fmt(v: Any, unit: str = "", nd: int = 0) -> str:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return "n/a"
+    if not math.isfinite(f):
+        return "n/a"
+    return f"{f:,.{nd}f}{unit}"
+
+
+def run_report(d: Path) -> Report:
+    from servesim.reports import figures as F
+
+    res = _load_json(d / "result.json")
+    req = pd.read_csv(d / "requests.csv")
+    ts = pd.read_csv(d / "timeseries.csv") if (d / "timeseries.csv").is_file() else pd.DataFrame()
+    slo = _slo_of_run(d, res)
+
+    comp = res.get("completed", int((req.get("finished_reason") == "stop").sum())
+                   if "finished_reason" in req else len(req))
+    failed = res.get("failed", 0)
+    preempt = (int(req["num_preemptions"].sum()) if "num_preemptions" in req
+               else res.get("num_preemptions", 0))
+    lat = []
+    verdicts = []
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL")):
+        p50, p99 = res.get(f"median_{key}_ms"), res.get(f"p99_{key}_ms")
+        if p99 is None and f"{key}_s" in req:
+            a = pd.to_numeric(req[f"{key}_s"], errors="coerce").dropna().to_numpy() * 1e3
+            if len(a):
+                p50, p99 = float(np.median(a)), float(np.percentile(a, 99))
+        if p99 is None:
+            continue
+        s = f"{label} P50 {_fmt(p50, ' ms')} / P99 {_fmt(p99, ' ms')}"
+        thr = slo.get(f"{key}_ms")
+        if thr:
+            ok = float(p99) <= thr
+            s += f" (SLO {thr:g} ms: {'met' if ok else 'MISSED'})"
+            verdicts.append(ok)
+        lat.append(s)
+    kvmax = (ts["vllm:kv_cache_usage_perc"].max() * 100
+             if "vllm:kv_cache_usage_perc" in ts and len(ts) else math.nan)
+    summary = (
+        f"**{_fmt(comp)} requests completed ({_fmt(failed)} failed) in "
+        f"{_fmt(res.get('duration'), ' s', 1)}: {_fmt(res.get('request_throughput'), ' req/s', 2)}"
+        f", {_fmt(res.get('output_throughput'), ' output tok/s')}"
+        f" ({_fmt(res.get('total_token_throughput'), ' total tok/s')})** at an offered "
+        f"{res.get('request_rate', 'n/a')} req/s. " + "; ".join(lat) + ". ")
+    if verdicts:
+        summary += ("All P99 SLOs are met. " if all(verdicts)
+                    else "At least one P99 SLO is missed. ")
+    if res.get("request_goodput") is not None and res.get("request_throughput"):
+        summary += (f"Goodput {_fmt(res['request_goodput'], ' req/s', 2)} "
+                    f"({_fmt(100 * res['request_goodput'] / res['request_throughput'], '%')} "
+                    "of throughput). ")
+    summary += f"{preempt} preemptions; peak KV-cache usage {_fmt(kvmax, '%')}."
+
+    keys = [k for k in ("request_rate", "num_prompts", "completed", "failed", "duration",
+                        "request_throughput", "request_goodput", "output_throughput",
+                        "total_token_throughput", "max_concurrent_requests", "mean_ttft_ms",
+                        "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
+                        "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
+                        "p99_e2el_ms", "num_gpu_blocks", "gpu", "num_gpus") if k in res]
+    tbl = pd.DataFrame({"metric": keys, "value": [res[k] for k in keys]})
+    secs = [Section("Headline metrics (vLLM bench schema)", [Table(tbl)]),
+            Section("Latency", [F.latency_cdfs(req, slo)])]
+    if len(ts):
+        secs.append(Section("KV cache and queues", [F.kv_timeline(ts)]))
+        secs.append(Section("Engine steps", [F.step_timeline(ts)]))
+    title = f"servesim run report: {res.get('model_id', d.name)}"
+    return Report(title, summary, secs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep report
+
+
+_RUN_RE = re.compile(r"run=(\d+)\.json$")
+
+
+def load_sweep_points(d: Path) -> pd.DataFrame:
+    """One row per ``run=<i>.json`` (vLLM bench keys + ``arm``, ``bench``, ``run``)."""
+    rows = []
+    for p in sorted(d.glob("**/run=*.json")):
+        if "points" in p.parts[len(d.parts):-2] and (d / "plan.json").is_file():
+            continue
+        m = _RUN_RE.search(p.name)
+        j = _load_json(p)
+        flat = {k: v for k, v in j.items() if not isinstance(v, (list, dict))}
+        parent = p.parent.name
+        arm, bench = parent, ""
+        if parent.startswith("SERVE-") and "-BENCH-" in parent:
+            arm, bench = parent[len("SERVE-"):].rsplit("-BENCH-", 1)
+        elif parent.startswith("SERVE-"):
+            arm = parent[len("SERVE-"):]
+        flat.update(arm=arm, bench=bench, run=int(m.group(1)) if m else 0,
+                    experiment=p.parent.parent.name)
+        rows.append(flat)
+    df = pd.DataFrame(rows)
+    if len(df) == 0 and (d / "summary.csv").is_file():
+        df = pd.read_csv(d / "summary.csv")
+        if "arm" not in df:
+            for c in ("serve", "serve_name", "arm_name", "label"):
+                if c in df:
+                    df["arm"] = df[c]
+                    break
+            else:
+                df["arm"] = "all"
+        if "run" not in df:
+            df["run"] = df.get("run_number", 0)
+    if len(df) and "request_rate" in df:
+        df["request_rate"] = pd.to_numeric(df["request_rate"], errors="coerce")
+    return df
+
+
+AB_METRICS = (("p99_ttft_ms", "lower"), ("p99_tpot_ms", "lower"), ("p99_e2el_ms", "lower"),
+              ("output_throughput", "higher"), ("request_goodput", "higher"))
+
+
+def paired_ab(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
+    """Paired (same rate, same run/seed: common random numbers) deltas of each arm vs the
+    baseline arm: mean of per-seed differences, Student-t 95% CI, in % of the baseline mean."""
+    from servesim.reports.plan import t_quantile
+
+    if len(df) == 0 or "arm" not in df:
+        return pd.DataFrame()
+    arms = list(dict.fromkeys(df["arm"]))
+    if len(arms) < 2:
+        return pd.DataFrame()
+    base = baseline if baseline in arms else arms[0]
+    out = []
+    for arm in arms:
+        if arm == base:
+            continue
+        for rate in sorted(df["request_rate"].dropna().unique()):
+            a = df[(df["arm"] == base) & (df["request_rate"] == rate)].set_index("run")
+            b = df[(df["arm"] == arm) & (df["request_rate"] == rate)].set_index("run")
+            common = a.index.intersection(b.index)
+            if len(common) == 0:
+                continue
+            for metric, better in AB_METRICS:
+                if metric not in df:
+                    continue
+                x = pd.to_numeric(a.loc[common, metric], errors="coerce").to_numpy(float)
+                y = pd.to_numeric(b.loc[common, metric], errors="coerce").to_numpy(float)
+                ok = np.isfinite(x) & np.isfinite(y)
+                if not ok.any():
+                    continue
+                diff = y[ok] - x[ok]
+                bm = float(np.mean(x[ok]))
+                n = len(diff)
+                md = float(diff.mean())
+                half = (t_quantile(0.975, n - 1) * float(diff.std(ddof=1)) / math.sqrt(n)
+                        if n > 1 else math.nan)
+                scale = 100.0 / bm if bm else math.nan
+                sig = bool(n > 1 and math.isfinite(half) and abs(md) > half)
+                improves = (md < 0) if better == "lower" else (md > 0)
+                out.append({"comparison": f"{arm} vs {base}", "metric": metric,
+                            "request_rate": float(rate), "n_pairs": n, "baseline": bm,
+                            "delta": md, "delta_pct": md * scale,
+                            "ci_low_pct": (md - half) * scale, "ci_high_pct": (md + half) * scale,
+                            "significant": sig,
+                            "verdict": ("better" if improves else "worse") if sig else "no clear "
+                            "difference"})
+    return pd.DataFrame(out)
+
+
+def sweep_report(d: Path) -> Report:
+    from servesim.reports import figures as F
+
+    pts = load_sweep_points(d)
+    if len(pts) == 0:
+        raise ServesimError(f"{d}: sweep has no run=*.json files and no readable summary.csv")
+    if "request_rate" not in pts:
+        pts["request_rate"] = 0.0
+    slo = {}
+    for k in ("ttft", "tpot", "e2el"):
+        for col in (f"slo_{k}_ms", f"goodput_{k}_ms"):
+            if col in pts and pts[col].notna().any():
+                slo[f"{k}_ms"] = float(pts[col].dropna().iloc[0])
+    ab = paired_ab(pts)
+    arms = list(dict.fromkeys(pts["arm"]))
+    rates = sorted(pts["request_rate"].dropna().unique())
+    if len(ab):
+        sig = ab[ab["significant"]]
+        lines = []
+        for comp, g in ab.groupby("comparison", sort=False):
+            s = g[g["significant"]]
+            better = s[s["verdict"] == "better"]
+            worse = s[s["verdict"] == "worse"]
+
+            def _desc(x: pd.DataFrame) -> str:
+                top = x.reindex(x["delta_pct"].abs().sort_values(ascending=False).index).head(2)
+                return ", ".join(f"{r.metric} {r.delta_pct:+.1f}% "
+                                 f"[{r.ci_low_pct:+.1f}, {r.ci_high_pct:+.1f}] at "
+                                 f"{r.request_rate:g} req/s" for r in top.itertuples())
+
+            verdict = (f"**{comp}: better on {len(better)} and worse on {len(worse)} of "
+                       f"{len(g)} paired (metric, rate) comparisons**")
+            if len(better):
+                verdict += f"; largest gains {_desc(better)}"
+            if len(worse):
+                verdict += f"; largest losses {_desc(worse)}"
+            lines.append(verdict + ".")
+        summary = " ".join(lines) + (
+            f" ({len(sig)} significant at 95% over paired seeds; {len(arms)} arms, "
+            f"{len(rates)} rates.)")
+    else:
+        summary = (f"Sweep of {len(arms)} arm(s) over {len(rates)} request rate(s), "
+                   f"{len(pts)} runs. No paired A/B comparison is possible (needs ≥ 2 arms "
+                   "with the same rates and run numbers).")
+        if "output_throughput" in pts:
+            best = pts.groupby("arm")["output_throughput"].max().sort_values(ascending=False)
+            summary += (f" Highest output throughput: {best.index[0]} "
+                        f"({best.iloc[0]:,.0f} tok/s).")
+    # Pareto per arm × rate (vLLM plot_pareto: user count = max_concurrency, else request rate,
+    # else max_concurrent_requests; GPU count = tp·pp·dp)
+    g = pts.groupby(["arm", "request_rate"], as_index=False).mean(numeric_only=True)
+    g["label"] = g["arm"].astype(str) + " @" + g["request_rate"].map(lambda r: f"{r:g}")
+    if "output_throughput" in g:
+        users = _user_count(g)
+        gpus = 1
+        for c in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if c in g:
+                gpus = gpus * g[c].fillna(1)
+        if "num_gpus" in g:
+            gpus = g["num_gpus"].fillna(1)
+        g["tokens_per_s_per_user"] = g["output_throughput"] / users
+        g["tokens_per_s_per_gpu"] = g["output_throughput"] / gpus
+        from servesim.reports.plan import pareto_mask
+
+        g["pareto"] = pareto_mask(g["tokens_per_s_per_user"], g["tokens_per_s_per_gpu"])
+    secs = [Section("Latency vs request rate", [F.latency_vs_rate(pts, "arm", slo)]),
+            Section("Throughput and goodput", [F.throughput_vs_rate(pts, "arm")])]
+    if "tokens_per_s_per_gpu" in g:
+        secs.append(Section("Pareto frontier", [F.pareto_front(g, "label")]))
+    ab_items: list = [F.ab_deltas(ab)]
+    if len(ab):
+        show = ab[["comparison", "metric", "request_rate", "n_pairs", "baseline", "delta_pct",
+                   "ci_low_pct", "ci_high_pct", "verdict"]]
+        ab_items.append(Table(show, "Paired deltas (B − A) in % of A, 95% CI:"))
+    secs.append(Section("A/B deltas", ab_items))
+    cols = [c for c in ("arm", "request_rate", "run", "request_throughput", "output_throughput",
+                        "p99_ttft_ms", "p99_tpot_ms", "p99_e2el_ms", "request_goodput")
+            if c in pts]
+    secs.append(Section("All runs", [Table(pts[cols].sort_values(cols[:3]))]))
+    return Report(f"servesim sweep report: {d.name}", summary, secs)
+
+
+def _user_count(g: pd.DataFrame) -> pd.Series:
+    for c in ("max_concurrency", "request_rate", "max_concurrent_requests"):
+        if c in g:
+            v = pd.to_numeric(g[c], errors="coerce")
+            v = v.where(np.isfinite(v) & (v > 0))
+            if v.notna().any():
+                return v
+    return pd.Series(np.nan, index=g.index)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan report
+
+
+def plan_summary(plan: dict) -> str:
+    """The answer paragraph of a plan report."""
+    rows = plan["candidates"]
+    rec = next((r for r in rows if r.get("recommended")), None)
+    n_fit = sum(1 for r in rows if r.get("fits"))
+    skipped = [r for r in rows if not r.get("fits")]
+    target = plan["target_request_rate"]
+    if rec is None:
+        s = (f"**No candidate meets {plan['slo_text']} at any rate**: none of the "
+             f"{len(rows)} candidates can serve {target:g} req/s. ")
+        if skipped:
+            s += "Skipped: " + "; ".join(f"{r['candidate']} ({r['reason']})"
+                                         for r in skipped[:4]) + "."
+        return s
+    s = (f"**Recommended: {int(rec['replicas'])} × {_cand_text(rec)} "
+         f"({int(rec['gpus'])} GPUs) serves {target:g} req/s within {plan['slo_text']} for "
+         f"${rec['usd_per_hour']:.2f}/h (${rec['usd_per_1m_output_tokens']:.3f} per 1M output "
+         f"tokens).** One replica sustains {rec['capacity_rps']:.3g} req/s (95% CI "
+         f"{rec['ci_low']:.3g}–{rec['ci_high']:.3g}), so each runs at "
+         f"{rec['operating_rps_per_replica']:.3g} req/s = {rec['utilization_of_knee']:.0%} of "
+         "its knee")
+    if rec.get("op_slo_p_ttft_ms") is not None and math.isfinite(
+            rec.get("op_slo_p_ttft_ms", math.nan)):
+        p = plan["slo"].get("percentile", 99)
+        p = int(p) if float(p).is_integer() else p
+        where = "simulated there" if rec.get("op_simulated") else "at the knee"
+        s += (f"; {where}, P{p} TTFT is {rec['op_slo_p_ttft_ms']:.0f} ms and P{p} TPOT "
+              f"{rec.get('op_slo_p_tpot_ms', math.nan):.1f} ms, a "
+              f"{rec.get('slo_margin_pct', math.nan):.0f}% margin to the tightest SLO")
+    s += ". "
+    others = [r for r in rows if r.get("rank") and r is not rec and r.get("rank") == r.get(
+        "rank") and r["rank"] >= 2]
+    others.sort(key=lambda r: r["rank"])
+    if others:
+        r2 = others[0]
+        s += (f"Runner-up: {int(r2['replicas'])} × {_cand_text(r2)} at "
+              f"${r2['usd_per_hour']:.2f}/h (+{100 * (r2['usd_per_hour'] / rec['usd_per_hour'] - 1):.0f}%). ")
+    s += f"{n_fit} of {len(rows)} candidates fit"
+    if skipped:
+        s += "; skipped: " + "; ".join(f"{r['candidate']} ({_short_reason(r['reason'])})"
+                                       for r in skipped[:3])
+        if len(skipped) > 3:
+            s += f" and {len(skipped) - 3} more"
+    s += "."
+    if rec.get("warning"):
+        s += f" **Warning:** {rec['warning']}."
+    return s
+
+
+def _short_reason(r: str, n: int = 110) -> str:
+    r = str(r)
+    return r if len(r) <= n else r[: n - 1] + "…"
+
+
+def _cand_text(r: dict) -> str:
+    tp, pp = int(r["tensor_parallel_size"]), int(r.get("pipeline_parallel_size", 1) or 1)
+    s = f"{r['hardware']} TP{tp}" + (f" PP{pp}" if pp > 1 else "")
+    extras = [t for t in str(r["candidate"]).split("_")
+              if t not in (str(r["hardware"]), f"tp{tp}", f"pp{pp}")]
+    return s + (f" ({', '.join(extras)})" if extras else "") + " replicas"
+
+
+def plan_report(d: Path) -> Report:
+    from servesim.reports import figures as F
+
+    if (d / "plan.json").is_file():
+        plan = _load_json(d / "plan.json")
+    else:  # only plan.csv: rebuild a minimal plan dict
+        df = pd.read_csv(d / "plan.csv")
+        plan = {"candidates": df.to_dict("records"), "target_request_rate": float("nan"),
+                "slo": {}, "slo_text": "the SLO", "points": [], "name": d.name}
+    cand = pd.DataFrame(plan["candidates"])
+    pts = pd.DataFrame(plan.get("points", []))
+    slo = {k: v for k, v in plan.get("slo", {}).items() if k.endswith("_ms") and v}
+    knees = {r["candidate"]: r.get("capacity_rps") for r in plan["candidates"]
+             if r.get("fits")}
+    secs = []
+    cols = [c for c in ("rank", "candidate", "fits", "capacity_rps", "ci_low", "ci_high",
+                        "replicas", "gpus", "usd_per_hour", "usd_per_1m_output_tokens",
+                        "utilization_of_knee", "slo_margin_pct", "pareto", "reason", "warning")
+            if c in cand]
+    price_note = ""
+    if plan.get("prices"):
+        used = {r.get("hardware") for r in plan["candidates"]}
+        price_note = "Prices ($/GPU-hour, editable in configs/prices.yaml): " + "; ".join(
+            f"{k} ${v['usd_per_gpu_hour']:g} ({v['source']}, {v['as_of']})"
+            for k, v in plan["prices"].items() if k in used) + "."
+    secs.append(Section("Candidates ranked by cost", [
+        Table(cand[cols], f"Target {plan['target_request_rate']:g} req/s; SLO "
+              f"{plan['slo_text']}; seeds {plan.get('seeds')}."),
+        price_note] if price_note else [Table(cand[cols])]))
+    fit = cand[cand["fits"].astype(bool)] if "fits" in cand else cand
+    if "usd_per_1m_output_tokens" in cand:
+        secs.append(Section("Cost", [F.cost_bars(fit, "candidate", plan.get("recommended"))]))
+    if "capacity_rps" in cand:
+        secs.append(Section("Capacity", [F.capacity_bars(fit, "candidate")]))
+    if len(pts):
+        search = pts[~pts.get("operating_point", pd.Series(False, index=pts.index))
+                     .fillna(False).astype(bool)]
+        secs.append(Section("Latency vs request rate (search points)",
+                            [F.latency_vs_rate(search, "candidate", slo, knees,
+                                               percentiles=(99,))]))
+        secs.append(Section("Throughput and goodput vs rate",
+                            [F.throughput_vs_rate(search, "candidate", knees)]))
+    if "tokens_per_s_per_gpu" in cand:
+        secs.append(Section("Pareto frontier", [F.pareto_front(fit, "candidate")]))
+    meta = (f"Search: bracketing by doubling from an analytic first guess, then bisection "
+            f"until the bracket is within {100 * plan.get('tolerance', {}).get('rel_width', 0.05):g}%"
+            f" per seed; capacity = mean of per-seed capacities, 95% Student-t CI. "
+            f"{len(pts)} simulated points")
+    if plan.get("wall_seconds"):
+        meta += f" in {plan['wall_seconds']:.0f} s wall time ({plan.get('jobs')} jobs)"
+    secs.append(Section("Method", [meta + "."]))
+    return Report(f"servesim capacity plan: {plan.get('name', d.name)}", plan_summary(plan),
+                  secs)
