@@ -412,21 +412,23 @@ def validate_configs(spec: SweepSpec) -> None:
 
 
 def _check_registered(cfg: Any, where: str) -> None:
-    """Unknown scheduler policy / KV allocator names fail up front (when the registry exists)."""
-    try:
-        from servesim.simulator import registry
-    except ImportError:
-        return
-    for attr, section, key in (("scheduler_names", "scheduler", "policy"),
-                               ("kv_allocator_names", "cache", "allocator")):
-        fn = getattr(registry, attr, None)
-        if fn is None:
-            continue
-        names = set(fn())
-        val = getattr(getattr(cfg, section), key)
-        if names and val not in names:
-            raise ConfigError(f"{where}: {section}.{key}: unknown {key} {val!r} "
-                              f"(registered: {', '.join(sorted(names))})")
+    """Unknown scheduler policy / KV allocator names and configs vLLM would refuse at start-up
+    (``resolve_config``) fail up front, before any point runs."""
+    from servesim.simulator import config as config_mod
+    from servesim.simulator import registry
+
+    for get, section, key in ((registry.get_scheduler, "scheduler", "policy"),
+                              (registry.get_kv_allocator, "cache", "allocator")):
+        try:
+            get(getattr(getattr(cfg, section), key))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    resolve = getattr(config_mod, "resolve_config", None)
+    if resolve is not None:
+        try:
+            resolve(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
 
 
 def load_spec(path: str | Path, *, check_configs: bool = True) -> SweepSpec:
@@ -451,9 +453,6 @@ def evaluate_point(base_tree: dict, overrides: list, seed: int, rate: float | No
 
     tree = build_tree(base_tree, overrides, seed, rate)
     cfg = config_mod.validate_tree(tree, f"sweep point seed={seed} rate={fmt_rate(rate)}")
-    resolve = getattr(config_mod, "resolve_config", None)
-    if resolve is not None:
-        cfg = resolve(cfg)
     return compute_bench_result(run_experiment(cfg))
 
 

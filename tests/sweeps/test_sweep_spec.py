@@ -12,7 +12,8 @@ from servesim.simulator.errors import ConfigError
 from servesim.simulator.sweep import build_tree, load_spec, parse_spec, run_sweep
 from sweep_fakes import fake_point
 
-BASE = {"workload": {"num_prompts": 5, "input_len": 64, "output_len": 8}}
+BASE = {"scheduler": {"max_num_seqs": 16},
+        "workload": {"num_prompts": 5, "input_len": 64, "output_len": 8}}
 
 
 def write_spec(tmp_path, spec: dict, name: str = "sw.yaml"):
@@ -108,6 +109,10 @@ def test_base_path_relative_to_sweep_file(tmp_path):
     ({"bogus": 1}, "bogus: unknown key"),
     ({"base": "missing.yaml"}, "base: config file 'missing.yaml' not found"),
     ({"overrides": {"workload.input_len": -1}}, "overrides: workload.input_len"),
+    ({"arms": {"a": {"scheduler.policy": "nope"}}},
+     "arms.a at request_rate 1: scheduler.policy: unknown name 'nope'"),
+    ({"arms": {"a": {"scheduler.max_num_batched_tokens": 8}}},
+     "arms.a at request_rate 1: scheduler.max_num_batched_tokens (8) must be greater"),
 ])
 def test_validation_errors_are_one_line_and_named(tmp_path, bad, needle):
     spec = {**spec2(), **bad}
