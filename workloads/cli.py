@@ -1,7 +1,137 @@
-"""Subcommands of this concern (registered on the ``simulate`` app by simulator/cli.py)."""
+"""``simulate trace stats|convert`` (registered on the ``simulate`` app by simulator/cli.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Annotated
 
 import typer
+
+trace_app = typer.Typer(no_args_is_help=True, help="Inspect and convert request traces.")
+
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (default: detect)")]
+BlockOpt = Annotated[int, typer.Option("--block-size", min=1, help="KV block size, tokens")]
+SkipOpt = Annotated[bool, typer.Option("--skip-bad-rows", help="Skip malformed rows, count them")]
+
+
+def _fmt_num(x, digits=2) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer()):
+        return f"{int(x):,}"
+    return f"{x:,.{digits}f}"
+
+
+@trace_app.command("stats")
+def stats_cmd(
+    file: Annotated[Path, typer.Argument(help="Trace file")],
+    format: FormatOpt = "auto",
+    block_size: BlockOpt = 16,
+    skip_bad_rows: SkipOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Requests, duration, rate, inter-arrival CV, length percentiles and prefix-reuse
+    potential, in one streaming pass (bounded memory, exact percentiles)."""
+    from servesim.workloads.stats import trace_stats
+
+    s = trace_stats(file, format, block_size=block_size, skip_bad_rows=skip_bad_rows)
+    if as_json:
+        typer.echo(json.dumps(s, indent=2, default=lambda x: None))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"[bold]{s['path']}[/bold] ({s['format']})")
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_row("requests", f"{s['requests']:,}")
+    t.add_row("duration (s)", _fmt_num(s["duration_s"]))
+    t.add_row("mean rate (req/s)", _fmt_num(s["mean_rate_rps"], 3))
+    t.add_row("inter-arrival CV", _fmt_num(s["interarrival_cv"], 3))
+    reuse = f"{s['prefix_reuse']:.3f}" if s["has_prefix_ids"] else "0 (no prefix ids)"
+    if s["prefix_reuse_approximate"]:
+        reuse += " (approximate)"
+    t.add_row(f"prefix reuse @ block {s['block_size']}", reuse)
+    for k in ("skipped_bad_rows", "dropped_failed", "filtered", "zero_output"):
+        if s[k]:
+            t.add_row(k.replace("_", " "), f"{s[k]:,}")
+    con.print(t)
+    lt = Table("tokens", "mean", "p50", "p90", "p99", "max", "total")
+    for k in ("prompt_len", "output_len"):
+        d = s[k]
+        lt.add_row(k, *(_fmt_num(d[c], 1) for c in ("mean", "p50", "p90", "p99")),
+                   f"{d['max']:,}", f"{d['total']:,}")
+    con.print(lt)
+
+
+CANONICAL_COLUMNS = ["arrival_s", "prompt_len", "output_len", "prefix_block_ids", "priority",
+                     "session_id", "turn", "lora", "parent_id", "think_time_s", "request_id"]
+
+
+def _row(r, cols) -> list:
+    out = []
+    for c in cols:
+        v = getattr(r, c)
+        if c == "prefix_block_ids":
+            v = " ".join(map(str, v)) if v else ""
+        elif c == "arrival_s":
+            v = repr(float(v))
+        elif v is None:
+            v = ""
+        out.append(v)
+    return out
+
+
+def write_canonical(reqs, out: Path, columns: list[str] | None = None) -> int:
+    """Stream requests to a canonical CSV; returns the number of rows. ``columns`` defaults to
+    the required three plus every optional one (empty cells = default)."""
+    cols = columns or CANONICAL_COLUMNS
+    n = 0
+    tmp = out.with_name(out.name + ".part")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(cols)
+        for r in reqs:
+            w.writerow(_row(r, cols))
+            n += 1
+    tmp.replace(out)
+    return n
+
+
+@trace_app.command("convert")
+def convert_cmd(
+    file: Annotated[Path, typer.Argument(help="Trace file")],
+    out: Annotated[Path, typer.Option("--output", "-o", help="Canonical CSV to write")],
+    format: FormatOpt = "auto",
+    block_size: BlockOpt = 16,
+    skip_bad_rows: SkipOpt = False,
+) -> None:
+    """Convert a trace to the canonical CSV (streaming). Arrival times are shifted so the first
+    request is at 0 (traces without timestamps: all 0); prefix ids at ``--block-size``."""
+    from servesim.workloads import build_workload
+    from servesim.workloads.config import TraceWorkload
+
+    cfg = TraceWorkload(path=str(file), format=format, skip_bad_rows=skip_bad_rows)
+    wl = build_workload(cfg, block_size=block_size)
+    fmt = wl.meta["dataset_name"]
+    cols = CANONICAL_COLUMNS[:3]
+    if fmt in ("mooncake", "canonical"):
+        cols = cols + ["prefix_block_ids"]
+    if fmt == "canonical":
+        cols = CANONICAL_COLUMNS
+    if fmt == "vllm_result":
+        cols = cols + ["request_id"]
+    n = write_canonical(wl, out, cols)
+    skipped = wl.meta.get("skipped_bad_rows", 0)
+    typer.echo(f"wrote {n:,} requests to {out}" + (f" ({skipped:,} bad rows skipped)"
+                                                    if skipped else ""))
 
 
 def register(app: typer.Typer) -> None:
     """Add this concern's commands to ``app``."""
+    app.add_typer(trace_app, name="trace")
