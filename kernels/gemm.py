@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from servesim.kernels import gemm_configs
 from servesim.kernels.util import cdiv, interpreting, next_pow2
 
 SKINNY_MAX_M = 64
@@ -83,18 +84,8 @@ def _cfg(bm, bn, bk, split_k, warps, stages, group_m=8):
                           "SPLIT_K": split_k}, num_warps=warps, num_stages=stages)
 
 
-SKINNY_CONFIGS = [
-    _cfg(16, 64, 256, 1, 4, 4), _cfg(16, 128, 128, 1, 4, 4), _cfg(16, 256, 128, 1, 8, 3),
-    _cfg(16, 64, 256, 2, 4, 4), _cfg(16, 64, 256, 4, 4, 4), _cfg(16, 128, 128, 4, 4, 4),
-    _cfg(16, 64, 128, 8, 4, 4),
-    _cfg(32, 64, 128, 1, 4, 4), _cfg(32, 128, 128, 2, 4, 4), _cfg(32, 64, 128, 4, 4, 4),
-    _cfg(64, 64, 128, 1, 4, 4), _cfg(64, 128, 64, 1, 4, 4), _cfg(64, 128, 128, 2, 4, 3),
-]
-TILED_CONFIGS = [
-    _cfg(128, 256, 64, 1, 8, 3), _cfg(256, 128, 64, 1, 8, 3), _cfg(128, 128, 64, 1, 8, 4),
-    _cfg(128, 128, 64, 1, 4, 4), _cfg(128, 128, 128, 1, 8, 3), _cfg(128, 64, 64, 1, 4, 4),
-    _cfg(64, 128, 64, 1, 4, 4), _cfg(64, 256, 64, 1, 8, 3), _cfg(64, 64, 64, 1, 4, 4),
-]
+SKINNY_CONFIGS = [_cfg(*c) for c in gemm_configs.SKINNY]
+TILED_CONFIGS = [_cfg(*c) for c in gemm_configs.TILED]
 
 
 def _prune_skinny(configs, named_args, **kwargs):
@@ -115,8 +106,10 @@ def _prune_tiled(configs, named_args, **kwargs):
 
 
 def _tune_bench(fn, quantiles=None):
-    """Short benchmark for autotuning (the calibration measures the winner properly)."""
-    return triton.testing.do_bench(fn, warmup=3, rep=10, quantiles=quantiles)
+    """Short, bounded benchmark for autotuning (the calibration then measures the winner)."""
+    from servesim.kernels.bench import tune_bench
+
+    return tune_bench(fn, quantiles)
 
 
 _KEY = ["M_KEY", "N", "K"]

@@ -1,0 +1,223 @@
+"""CUDA-event microbenchmarks of the Triton kernels and the vendor path (GPU only).
+
+``bench`` is a bounded version of ``triton.testing.do_bench``: warm-up by time, then
+``clamp(rep_s / t, min_reps, max_reps)`` repeats, each preceded by an L2 flush (a 256 MiB
+memset, larger than any current L2) and timed with its own pair of CUDA events; it returns
+the median in seconds. Bounding the repeats keeps tiny kernels from spending seconds on
+flushes (do_bench would run thousands of flushed repeats of a 5 us kernel).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+from servesim.kernels.calibrate import FLUSH_BYTES, BenchSettings, DecodeShape, PrefillShape
+
+_flush_buf: torch.Tensor | None = None
+
+
+def _flush() -> None:
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    _flush_buf.zero_()
+
+
+def release() -> None:
+    """Free cached blocks (after an OOM)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def bench_times(fn, s: BenchSettings, flush: bool = True) -> list[float]:
+    """Per-repeat seconds of ``fn()`` (see module docstring)."""
+    fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    fn()
+    fn()
+    e1.record()
+    torch.cuda.synchronize()
+    t = max(e0.elapsed_time(e1) / 2e3, 1e-6)
+    if s.warmup_s:
+        for _ in range(min(50, max(1, math.ceil(s.warmup_s / t)))):
+            fn()
+    n = min(s.max_reps, max(s.min_reps, math.ceil(s.rep_s / t)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for a, b in zip(starts, ends, strict=True):
+        if flush:
+            _flush()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) / 1e3 for a, b in zip(starts, ends, strict=True)]
+
+
+def bench(fn, s: BenchSettings, flush: bool = True) -> float:
+    """Median seconds of ``fn()``."""
+    return statistics.median(bench_times(fn, s, flush))
+
+
+def tune_bench(fn, quantiles=None):
+    """``do_bench`` replacement for ``triton.autotune``: milliseconds, short and bounded."""
+    from servesim.kernels.calibrate import BENCH_TUNE
+
+    ts = sorted(x * 1e3 for x in bench_times(fn, BENCH_TUNE))
+    if quantiles is None:
+        return statistics.median(ts)
+    return [ts[min(len(ts) - 1, int(q * len(ts)))] for q in quantiles]
+
+
+_DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+       "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+def time_memcpy(nbytes: int, s: BenchSettings) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return bench(lambda: dst.copy_(src), s)
+
+
+_weights: dict = {}
+
+
+def _weight(n: int, k: int, dt: torch.dtype) -> torch.Tensor:
+    """Random ``[n, k]`` weight, reused across the M sweep of one (n, k, dtype)."""
+    key = (n, k, dt)
+    if key not in _weights:
+        _weights.clear()
+        _weights[key] = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).to(dt)
+    return _weights[key]
+
+
+def time_gemm(m: int, n: int, k: int, dtype: str, s: BenchSettings) -> dict:
+    """``{triton_s, vendor_s, vendor_impl}`` for ``x[m,k] @ W[n,k]^T``."""
+    from servesim.kernels.gemm import matmul
+
+    dt = _DT[dtype]
+    a = torch.randn(m, k, device="cuda").to(dt)
+    w = _weight(n, k, dt)
+    b = w.t()
+    if dt == torch.float8_e4m3fn:
+        one = torch.ones((), device="cuda")
+        triton_s = bench(lambda: matmul(a, b, alpha=1.0, out_dtype=torch.bfloat16), s)
+        try:
+            vendor = lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+            vendor()
+            vendor_s, impl = bench(vendor, s), "torch._scaled_mm"
+        except (RuntimeError, ValueError):  # cuBLASLt fp8 needs dims % 16 == 0
+            vendor_s, impl = None, None
+    else:
+        triton_s = bench(lambda: matmul(a, b), s)
+        vendor_s, impl = bench(lambda: torch.matmul(a, b), s), "torch.matmul"
+    return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl}
+
+
+def _paged(lengths: list[int], num_kv_heads: int, head_dim: int, block_size: int,
+           dtype: torch.dtype):
+    """Random paged K/V caches with a shuffled block table covering ``lengths``."""
+    per = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(per)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k = torch.randn(shape, device="cuda", dtype=torch.bfloat16).to(dtype)
+    v = torch.randn(shape, device="cuda", dtype=torch.bfloat16).to(dtype)
+    perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
+    table = torch.zeros(len(lengths), max(per), dtype=torch.int32, device="cuda")
+    used = 0
+    for i, nb in enumerate(per):
+        table[i, :nb] = perm[used:used + nb]
+        used += nb
+    return k, v, table
+
+
+def _sdpa(q, k, v, **kw):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # never the math backend: it materialises the score matrix (GBs at long context)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.CUDNN_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def _time_sdpa(q, k, v, s: BenchSettings, label: str, **kw):
+    """``(seconds, impl)`` of SDPA with native GQA, else with K/V expanded to all heads
+    (expansion not timed), else ``(None, None)``."""
+    group = q.shape[1] // k.shape[1]
+    attempts = [("enable_gqa", k, v, {"enable_gqa": True})] if group > 1 else []
+    attempts.append(("", k, v, {}) if group == 1 else
+                    ("expanded kv", None, None, {}))
+    for tag, kk, vv, extra in attempts:
+        try:
+            if kk is None:
+                kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            fn = lambda kk=kk, vv=vv, extra=extra: _sdpa(q, kk, vv, **kw, **extra)
+            fn()
+            torch.cuda.synchronize()
+            return bench(fn, s), f"sdpa({label}{', ' + tag if tag else ''})"
+        except (RuntimeError, TypeError, NotImplementedError):
+            continue
+    return None, None
+
+
+def time_decode(d: DecodeShape, block_size: int, s: BenchSettings) -> dict:
+    """Paged Triton decode; vendor = SDPA on contiguous (pre-gathered) K/V, uniform batches."""
+    from servesim.kernels.paged_attention import paged_decode_attention
+
+    dt, kvdt = _DT[d.dtype], _DT[d.kv_dtype]
+    lengths = list(d.lengths) or [d.context] * d.batch
+    k, v, table = _paged(lengths, d.num_kv_heads, d.head_dim, block_size, kvdt)
+    q = torch.randn(d.batch, d.num_heads, d.head_dim, device="cuda", dtype=dt)
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    maxlen = max(lengths)
+    triton_s = bench(lambda: paged_decode_attention(q, k, v, table, lens, max_seq_len=maxlen), s)
+    vendor_s = impl = None
+    if not d.lengths and kvdt == dt:
+        k = v = None  # free the paged caches before the vendor copy
+        kc = torch.randn(d.batch, d.num_kv_heads, d.context, d.head_dim, device="cuda", dtype=dt)
+        vc = torch.randn_like(kc)
+        vendor_s, impl = _time_sdpa(q.unsqueeze(2), kc, vc, s, "contiguous kv")
+    return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl,
+            "num_splits": _splits(d, maxlen)}
+
+
+def _splits(d: DecodeShape, maxlen: int) -> int:
+    from servesim.kernels.paged_attention import choose_num_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return choose_num_splits(d.batch, d.num_kv_heads, maxlen, sms)
+
+
+def time_prefill(f: PrefillShape, block_size: int, s: BenchSettings) -> dict:
+    """Paged Triton chunked prefill; vendor = SDPA (causal, bottom-right aligned) on contiguous
+    K/V of ``context + chunk`` tokens per sequence."""
+    from servesim.kernels.prefill_attention import (
+        chunked_prefill_attention,
+        prefill_block_q,
+        tile_map,
+    )
+
+    dt = _DT[f.dtype]
+    L = f.context + f.chunk
+    k, v, table = _paged([L] * f.batch, f.num_kv_heads, f.head_dim, block_size, dt)
+    q = torch.randn(f.batch * f.chunk, f.num_heads, f.head_dim, device="cuda", dtype=dt)
+    cu = torch.arange(0, f.batch + 1, dtype=torch.int32, device="cuda") * f.chunk
+    lens = torch.full((f.batch,), L, dtype=torch.int32, device="cuda")
+    tiles = tile_map(cu, q.shape[0], prefill_block_q(f.num_heads, f.num_kv_heads))
+    triton_s = bench(lambda: chunked_prefill_attention(q, k, v, table, cu, lens, tiles=tiles), s)
+    k = v = None  # free the paged caches before the vendor copy
+    kc = torch.randn(f.batch, f.num_kv_heads, L, f.head_dim, device="cuda", dtype=dt)
+    vc = torch.randn_like(kc)
+    q4 = q.view(f.batch, f.chunk, f.num_heads, f.head_dim).transpose(1, 2)
+    if f.context == 0:
+        kw = {"is_causal": True}
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        kw = {"attn_mask": causal_lower_right(f.chunk, L)}
+    vendor_s, impl = _time_sdpa(q4, kc, vc, s, "contiguous kv, causal lower-right", **kw)
+    return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl}
