@@ -521,6 +521,7 @@ def base_tree(spec: PlanSpec, plan_dir: Path) -> dict:
         tree = apply_overrides(tree, spec.set)
     if spec.workload is not None:
         tree["workload"] = copy.deepcopy(spec.workload)
+    set_path(tree, "parallel.data_parallel_size", 1)  # capacity is per replica
     # plan SLO → config SLO (so result.json carries request_goodput)
     slo = {k: getattr(spec.slo, k) for k in ("ttft_ms", "tpot_ms", "e2el_ms")
            if getattr(spec.slo, k) is not None}
@@ -653,41 +654,51 @@ def _max_of(a) -> float:
 # Analytic first guess
 
 
-def first_guess_rps(cfg: Any, mem: Any = None) -> float:
-    """A rough per-replica capacity (req/s) to start bracketing from.
+def mean_lengths(wl: Any) -> tuple[float, float]:
+    """Mean (prompt, output) tokens of a workload section (random or synthetic); fallbacks
+    1024 / 128 for kinds whose lengths are only known after reading a trace."""
+    def dist_mean(d: Any, default: float) -> float:
+        kind = getattr(d, "dist", None)
+        if kind == "fixed":
+            return float(d.value)
+        if kind == "uniform":
+            return (float(d.low) + float(d.high)) / 2
+        if kind == "lognormal":
+            m = float(d.median) * math.exp(float(d.sigma) ** 2 / 2)
+            return min(m, float(d.max)) if d.max else m
+        if kind == "exponential":
+            return float(d.mean)
+        return default
 
-    Prefill-bound: peak FLOP/s × tp × 0.4 / (2 · params · mean prompt tokens); decode-bound:
-    a batch of 64 at one weight read per step. The smaller of the two, ×0.7. Any missing
-    ingredient falls back to 1 req/s; the doubling/halving bracket corrects the guess.
+    if getattr(wl, "kind", None) == "random":
+        return float(wl.input_len + wl.prefix_len), float(wl.output_len)
+    if getattr(wl, "kind", None) == "synthetic":
+        return dist_mean(wl.input, 1024.0), dist_mean(wl.output, 128.0)
+    return 1024.0, 128.0
+
+
+def first_guess_rps(cfg: Any, mem: Any = None) -> float:
+    """A rough per-replica capacity (req/s) to start bracketing from (roofline, no queueing).
+
+    Per request: prefill = 2 · active params · prompt tokens FLOPs at 50% of peak; decode in a
+    batch of 64 = one weight read per step (at 80% of HBM bandwidth) shared by 64 requests, for
+    each output token. Both share the GPUs, so times add; the guess is 70% of 1 / total.
+    Any missing ingredient falls back to 1 req/s: the doubling/halving bracket fixes the rest.
     """
     try:
-        hw = cfg.hardware
-        tp = cfg.parallel.tensor_parallel_size * cfg.parallel.pipeline_parallel_size
-        wl = cfg.workload
-        prompt = float(getattr(wl, "input_len", None) or getattr(wl, "prompt_len_median", 1024))
-        out = float(getattr(wl, "output_len", None) or getattr(wl, "output_len_median", 128))
-        flops = float(hw.bf16_tflops) * 1e12 * tp
-        bw = float(hw.mem_bw_gbps) * 1e9 * tp
-        params = None
-        for obj in (mem, cfg.model):
-            for attr in ("num_params", "params", "param_count"):
-                v = getattr(obj, attr, None) if obj is not None else None
-                if v:
-                    params = float(v)
-                    break
-            if params:
-                break
-        weight_bytes = getattr(mem, "weights_bytes", None) or getattr(mem, "weight_bytes", None)
-        if params is None and weight_bytes:
-            params = float(weight_bytes) / 2 * tp
-        if params is None:
-            params = 8e9
-        prefill_rps = flops * 0.4 / (2 * params * prompt)
-        step_s = 2 * params / bw / 0.7 + 0.004
-        decode_rps = 64 / step_s / out
-        guess = 0.7 * min(prefill_rps, decode_rps)
+        from servesim.costmodels import load_hardware_spec, load_model_spec
+
+        hw = load_hardware_spec(cfg.hardware)
+        spec = load_model_spec(cfg.model)
+        gpus = cfg.parallel.tensor_parallel_size * cfg.parallel.pipeline_parallel_size
+        prompt, out = mean_lengths(cfg.workload)
+        params = float(spec.num_active_params)
+        prefill_s = 2 * params * prompt / (hw.peak_flops("bf16") * gpus * 0.5)
+        weight_read_s = params * spec.dtype_bytes / (hw.mem_bw * gpus * 0.8)
+        decode_s = out * (weight_read_s + 0.003) / 64
+        guess = 0.7 / (prefill_s + decode_s)
         return guess if math.isfinite(guess) and guess > 0 else 1.0
-    except (AttributeError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - only a starting point
         return 1.0
 
 

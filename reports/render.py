@@ -339,55 +339,32 @@ def load_sweep_points(d: Path) -> pd.DataFrame:
     return df
 
 
-AB_METRICS = (("p99_ttft_ms", "lower"), ("p99_tpot_ms", "lower"), ("p99_e2el_ms", "lower"),
-              ("output_throughput", "higher"), ("request_goodput", "higher"))
+AB_METRICS = ("p99_ttft_ms", "p99_tpot_ms", "p99_e2el_ms", "output_throughput",
+              "request_goodput")
 
 
 def paired_ab(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
-    """Paired (same rate, same run/seed: common random numbers) deltas of each arm vs the
-    baseline arm: mean of per-seed differences, Student-t 95% CI, in % of the baseline mean."""
-    from servesim.reports.plan import t_quantile
+    """Paired A/B deltas of each arm vs the baseline (``reports.ab.paired_ab``: same rate,
+    same seed = common random numbers; Student-t 95% CI), as % of the baseline mean."""
+    from servesim.reports.ab import paired_ab as _paired_ab
 
-    if len(df) == 0 or "arm" not in df:
+    if len(df) == 0 or "arm" not in df or df["arm"].nunique() < 2:
         return pd.DataFrame()
-    arms = list(dict.fromkeys(df["arm"]))
-    if len(arms) < 2:
-        return pd.DataFrame()
-    base = baseline if baseline in arms else arms[0]
+    cols = [c for c in ("arm", "request_rate", "run", *AB_METRICS) if c in df]
+    rows = _paired_ab(df[cols].to_dict("records"), baseline=baseline, metrics=AB_METRICS,
+                      seed_key="run")
     out = []
-    for arm in arms:
-        if arm == base:
+    for r in rows:
+        if r["n"] < 1:
             continue
-        for rate in sorted(df["request_rate"].dropna().unique()):
-            a = df[(df["arm"] == base) & (df["request_rate"] == rate)].set_index("run")
-            b = df[(df["arm"] == arm) & (df["request_rate"] == rate)].set_index("run")
-            common = a.index.intersection(b.index)
-            if len(common) == 0:
-                continue
-            for metric, better in AB_METRICS:
-                if metric not in df:
-                    continue
-                x = pd.to_numeric(a.loc[common, metric], errors="coerce").to_numpy(float)
-                y = pd.to_numeric(b.loc[common, metric], errors="coerce").to_numpy(float)
-                ok = np.isfinite(x) & np.isfinite(y)
-                if not ok.any():
-                    continue
-                diff = y[ok] - x[ok]
-                bm = float(np.mean(x[ok]))
-                n = len(diff)
-                md = float(diff.mean())
-                half = (t_quantile(0.975, n - 1) * float(diff.std(ddof=1)) / math.sqrt(n)
-                        if n > 1 else math.nan)
-                scale = 100.0 / bm if bm else math.nan
-                sig = bool(n > 1 and math.isfinite(half) and abs(md) > half)
-                improves = (md < 0) if better == "lower" else (md > 0)
-                out.append({"comparison": f"{arm} vs {base}", "metric": metric,
-                            "request_rate": float(rate), "n_pairs": n, "baseline": bm,
-                            "delta": md, "delta_pct": md * scale,
-                            "ci_low_pct": (md - half) * scale, "ci_high_pct": (md + half) * scale,
-                            "significant": sig,
-                            "verdict": ("better" if improves else "worse") if sig else "no clear "
-                            "difference"})
+        v = r["verdict"]
+        out.append({
+            "comparison": f"{r['arm_b']} vs {r['arm_a']}", "metric": r["metric"],
+            "request_rate": float(r["request_rate"]), "n_pairs": r["n"], "baseline": r["mean_a"],
+            "delta": r["diff"], "delta_pct": r["rel_diff_pct"],
+            "ci_low_pct": r["rel_ci_low_pct"], "ci_high_pct": r["rel_ci_high_pct"],
+            "significant": v in ("B better", "B worse"),
+            "verdict": {"B better": "better", "B worse": "worse"}.get(v, v)})
     return pd.DataFrame(out)
 
 
