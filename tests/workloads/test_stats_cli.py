@@ -1,7 +1,8 @@
 """trace stats / convert: values, CLI, streaming memory."""
 
 import json
-import tracemalloc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -92,14 +93,17 @@ def test_stats_streams_200k_rows(tmp_path):
         for i in range(0, n, 50_000):
             f.writelines(f"{a!r},{b},{c}\n" for a, b, c in zip(
                 t[i:i + 50_000].tolist(), pl[i:i + 50_000].tolist(), ol[i:i + 50_000].tolist()))
-    tracemalloc.start()
     s = trace_stats(p)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
     assert s["requests"] == n
     assert s["prompt_len"]["p99"] == np.percentile(pl, 99)
     assert s["interarrival_cv"] == pytest.approx(np.std(np.diff(t)) / np.mean(np.diff(t)))
-    assert peak < 30e6  # the rows alone would be ~60 MB as Python objects
+    # bounded memory: peak RSS of a process computing the stats vs one that only imports
+    code = ("import resource, sys; from servesim.workloads.stats import trace_stats; "
+            "sys.argv[1] != '-' and trace_stats(sys.argv[1]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    rss = [int(subprocess.run([sys.executable, "-c", code, a], capture_output=True, text=True,
+                              check=True).stdout) for a in ("-", str(p))]
+    assert rss[1] - rss[0] < 25_000  # KiB; the rows as Python objects would take ~60 MB
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="shared/traces not present")
