@@ -1,0 +1,289 @@
+"""Memory model: how many KV-cache blocks vLLM V1 carves out of one GPU.
+
+vLLM (``gpu_worker.determine_available_memory``): load the weights, profile one worst-case
+forward pass of ``max_num_batched_tokens`` tokens plus a dummy sampler pass over
+``max_num_seqs`` rows, then
+
+    requested       = total_gpu_memory · gpu_memory_utilization            (bytes)
+    available_kv    = requested − weights − activation_peak − non_torch     (bytes)
+    num_gpu_blocks  = available_kv // (block_size · layers/pp · per-token-per-layer KV bytes)
+
+with per-token-per-layer bytes = 2 · kv_heads/tp · head_dim · dtype_bytes (MLA: the
+kv_lora_rank + qk_rope_head_dim latent, replicated on every TP rank). ``non_torch`` is the
+memory outside PyTorch's allocator that grows after start-up (cuBLAS workspaces; NCCL and
+custom all-reduce buffers when TP/PP > 1). CUDA graphs are captured after the KV cache is
+allocated and live in the (1 − utilization) headroom; :class:`MemoryCoefficients` can count
+them against the KV budget instead. Every coefficient here is an estimate of what vLLM's
+profiler measures, documented below, not a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servesim.costmodels.quant import (
+    ACT_BYTES,
+    WeightFormat,
+    kv_cache_dtype_bytes,
+    resolve_weight_format,
+)
+from servesim.costmodels.specs import (
+    GIB,
+    HardwareSpec,
+    ModelSpec,
+    load_hardware_spec,
+    load_model_spec,
+)
+from servesim.costmodels.step import _resolved, capture_sizes, validate_parallel
+from servesim.simulator.errors import CapacityError, ConfigError
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class MemoryCoefficients:
+    """Start-up memory terms vLLM measures by profiling (bytes), as estimates.
+
+    - ``non_torch_bytes``: cuBLAS/cuDNN workspaces and other non-PyTorch growth at TP=PP=1.
+    - ``comm_bytes``: NCCL + custom all-reduce buffers per rank when TP or PP > 1
+      (aiconfigurator measures ≈342–392 MB at TP ≥ 2).
+    - ``sampler_bytes_per_logit``: dummy sampler pass over max_num_seqs × vocab logits: bf16
+      logits (2) + fp32 copy (4) + probabilities (4) + one fp32 temporary (4) = 14 bytes.
+    - ``cudagraph_bytes_per_graph``: private-pool overhead per captured graph (course: 46
+      graphs of OPT-125m took 0.41 GiB ≈ 9 MiB each; a prior of 4 MiB plus the activations
+      of the largest capture size).
+    - ``cudagraph_in_kv_budget``: subtract the graph pool from the KV budget (newer vLLM can
+      estimate it at profiling time); default False: graphs live in the headroom.
+    """
+
+    non_torch_bytes: int = int(0.15 * GIB)
+    comm_bytes: int = int(0.35 * GIB)
+    sampler_bytes_per_logit: float = 14.0
+    cudagraph_bytes_per_graph: int = 4 * MIB
+    cudagraph_in_kv_budget: bool = False
+
+
+@dataclass
+class MemoryPlan:
+    """Per-rank memory plan (the most loaded rank) and the resulting KV-cache size."""
+
+    model: str
+    hardware: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    total_bytes: int
+    gpu_memory_utilization: float
+    requested_bytes: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    non_torch_bytes: int
+    comm_bytes: int
+    cudagraph_bytes: int
+    cudagraph_in_kv_budget: bool
+    available_kv_bytes: int
+    block_size: int
+    block_bytes: int
+    kv_bytes_per_token: int
+    num_gpu_blocks: int
+    num_gpu_blocks_computed: int
+    num_gpu_blocks_override: int | None
+    max_model_len: int
+    blocks_per_request: int
+    weight_format: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """GPU KV cache size in tokens: num_gpu_blocks · block_size."""
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of max_model_len tokens that fit at once: blocks / blocks per request."""
+        return self.num_gpu_blocks / self.blocks_per_request
+
+    @property
+    def available_kv_gib(self) -> float:
+        return self.available_kv_bytes / GIB
+
+    def log_lines(self) -> list[str]:
+        """The start-up log lines vLLM prints for this plan."""
+        g = GIB
+        lines = [
+            f"Model loading took {self.weights_bytes / g:.4f} GiB",
+            (f"Memory profiling: total_gpu_memory ({self.total_bytes / g:.2f}GiB) x "
+            f"gpu_memory_utilization ({self.gpu_memory_utilization:.2f}) = "
+            f"{self.requested_bytes / g:.2f}GiB; model weights take "
+            f"{self.weights_bytes / g:.2f}GiB; non_torch_memory takes "
+            f"{(self.non_torch_bytes + self.comm_bytes) / g:.2f}GiB; PyTorch activation peak "
+            f"memory takes {self.activation_peak_bytes / g:.2f}GiB; the rest of the memory "
+            f"reserved for KV Cache is {self.available_kv_bytes / g:.2f}GiB."),
+            f"Available KV cache memory: {self.available_kv_bytes / g:.2f} GiB",
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+            (f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency:.2f}x"),
+        ]
+        if self.num_gpu_blocks_override is not None:
+            lines.append(f"Overriding num_gpu_blocks={self.num_gpu_blocks_computed} with "
+                         f"num_gpu_blocks_override={self.num_gpu_blocks_override}")
+        lines.append(f"# GPU blocks: {self.num_gpu_blocks}, # CPU blocks: 0")
+        where = "counted in the KV budget" if self.cudagraph_in_kv_budget else \
+            "from the (1 - gpu_memory_utilization) headroom"
+        lines.append(f"CUDA graph pool ~{self.cudagraph_bytes / g:.2f} GiB ({where})")
+        return lines
+
+
+def _pad_vocab(v: int, tp: int) -> int:
+    """Vocab rows per rank: vLLM pads the vocabulary to a multiple of 64, then shards it."""
+    return -(-(-(-v // 64) * 64) // tp)
+
+
+def weight_bytes_per_rank(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: int = 1) -> int:
+    """Bytes of weights on the most loaded rank ("Model loading took X GiB").
+
+    Σ linears (TP-sharded, quantized format; experts: all E copies) over layers/pp + norms +
+    vocab-parallel embedding and LM head (first/last stage) + the rotary cos/sin cache.
+    """
+    total = 0.0
+    for lin in spec.linears():
+        n, k = lin.shard(tp)
+        wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
+        per_layer = lin.num_experts * (n * k * wb + (n * ACT_BYTES if lin.bias else 0))
+        total += per_layer * -(-lin.layers // pp)
+    h = spec.hidden_size
+    total += spec.norm_params_per_layer() * spec.layers_per_rank(pp) * ACT_BYTES
+    emb = _pad_vocab(spec.vocab_size, tp) * h * ACT_BYTES
+    head = 0 if (spec.tie_word_embeddings and pp == 1) else emb
+    total += emb + head + h * ACT_BYTES if pp == 1 else max(emb, head + h * ACT_BYTES)
+    max_pos = spec.max_position_embeddings
+    total += max_pos * (spec.rotary_dim or spec.head_dim) * ACT_BYTES  # cos_sin_cache
+    return int(total)
+
+
+def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int = 1) -> int:
+    """Peak live activations of one forward pass over ``tokens`` tokens on one rank (bytes):
+    the larger of the attention block (residual, normed input, qkv, attention output) and the
+    MLP block (residual, input, gate_up, activation, output; fused-MoE intermediate caches)."""
+    h = spec.hidden_size
+    nh_r = spec.num_attention_heads // tp
+    if spec.is_mla:
+        qkv = nh_r * (spec.qk_nope_head_dim + spec.qk_rope_head_dim) + spec.kv_lora_rank + \
+            spec.qk_rope_head_dim
+        attn_out = nh_r * spec.v_head_dim
+    else:
+        qkv = (nh_r + 2 * spec.kv_heads_per_rank(tp)) * spec.head_dim
+        attn_out = nh_r * spec.head_dim
+    attn = 2 * h + qkv + attn_out
+    mlp = 0
+    if spec.num_dense_layers:
+        i_r = -(-spec.intermediate_size // tp)
+        mlp = 3 * h + 3 * i_r
+    if spec.num_moe_layers:
+        im_r = -(-spec.moe_intermediate_size // tp)
+        moe = 2 * h + spec.num_experts_per_tok * (3 * im_r + h)
+        if spec.shared_expert_intermediate_size:
+            moe += 3 * -(-spec.shared_expert_intermediate_size // tp)
+        mlp = max(mlp, moe)
+    return int(tokens * max(attn, mlp) * ACT_BYTES)
+
+
+def plan_memory(cfg, coeffs: MemoryCoefficients | None = None) -> MemoryPlan:
+    """Resolved ExperimentConfig → :class:`MemoryPlan` (``num_gpu_blocks`` as vLLM computes
+    it; ``cache.num_gpu_blocks_override`` honoured).
+
+    Raises CapacityError when the weights do not fit, nothing is left for the KV cache, or
+    one max_model_len request does not fit; ConfigError for impossible parallel sizes.
+    """
+    co = coeffs or MemoryCoefficients()
+    spec = load_model_spec(cfg.model)
+    hw = load_hardware_spec(cfg.hardware)
+    return plan_memory_for(cfg, spec, hw, co)
+
+
+def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
+                    co: MemoryCoefficients | None = None) -> MemoryPlan:
+    """:func:`plan_memory` with the specs already loaded."""
+    co = co or MemoryCoefficients()
+    tp = cfg.parallel.tensor_parallel_size
+    pp = cfg.parallel.pipeline_parallel_size
+    validate_parallel(spec, tp, pp)
+    seqs, toks, mml = _resolved(cfg, hw, spec)
+    if mml > spec.max_position_embeddings:
+        raise ConfigError(
+            f"model.max_model_len={mml} is greater than the model's max_position_embeddings="
+            f"{spec.max_position_embeddings} ({spec.name})"
+        )
+    wf = resolve_weight_format(cfg.model, spec, hw)
+    util = cfg.cache.gpu_memory_utilization
+    total = hw.memory_bytes
+    requested = int(total * util)
+    weights = weight_bytes_per_rank(spec, wf, tp, pp)
+    where = (f"{spec.name} on {hw.name} (tensor_parallel_size={tp}, "
+             f"pipeline_parallel_size={pp})")
+    if weights >= requested:
+        raise CapacityError(
+            f"{where}: model weights take {weights / GIB:.2f} GiB per GPU but only "
+            f"{requested / GIB:.2f} GiB available at gpu_memory_utilization={util} "
+            f"({hw.memory_gib:.2f} GiB device); raise parallel.tensor_parallel_size, "
+            "quantize the model, or use a larger GPU"
+        )
+    fwd = forward_activation_bytes(spec, toks, tp)
+    sampler = int(seqs * spec.vocab_size * co.sampler_bytes_per_logit)
+    act = max(fwd, sampler)
+    comm = co.comm_bytes if tp * pp > 1 else 0
+    non_torch = co.non_torch_bytes
+    comp = cfg.compilation
+    if cfg.model.enforce_eager or comp.cudagraph_mode == "NONE":
+        graphs = 0
+    else:
+        sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
+                              comp.cudagraph_capture_sizes)
+        n_graphs = len(sizes) * (2 if comp.cudagraph_mode == "FULL_AND_PIECEWISE" else 1)
+        graphs = n_graphs * co.cudagraph_bytes_per_graph + forward_activation_bytes(
+            spec, sizes[-1], tp)
+    available = requested - weights - act - non_torch - comm
+    if co.cudagraph_in_kv_budget:
+        available -= graphs
+    kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
+    bs = cfg.cache.block_size
+    per_token = spec.kv_bytes_per_token(kvb, tp, pp)
+    block_bytes = bs * per_token
+    if available <= 0:
+        raise CapacityError(
+            f"{where}: No available memory for the cache blocks (weights "
+            f"{weights / GIB:.2f} GiB + activation peak {act / GIB:.2f} GiB + non-torch "
+            f"{(non_torch + comm) / GIB:.2f} GiB exceed {requested / GIB:.2f} GiB at "
+            f"gpu_memory_utilization={util}). Try increasing `gpu_memory_utilization` when "
+            "initializing the engine."
+        )
+    computed = available // block_bytes
+    # tokens one request may hold: max_model_len (sliding window: window − 1 + step tokens)
+    req_tokens = mml
+    if spec.sliding_window:
+        req_tokens = min(mml, spec.sliding_window - 1 + toks)
+    per_req_blocks = -(-req_tokens // bs)
+    needed = per_req_blocks * block_bytes
+    if needed > available:
+        est = (available // block_bytes) * bs
+        raise CapacityError(
+            f"model.max_model_len={mml}: To serve at least one request with the models's max "
+            f"seq len ({mml}), ({needed / GIB:.2f} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({available / GIB:.2f} GiB). Based on the "
+            f"available memory, the estimated maximum model length is {est}. Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine."
+        )
+    override = cfg.cache.num_gpu_blocks_override
+    return MemoryPlan(
+        model=spec.name, hardware=hw.name, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+        total_bytes=total, gpu_memory_utilization=util, requested_bytes=requested,
+        weights_bytes=weights, activation_peak_bytes=act, non_torch_bytes=non_torch,
+        comm_bytes=comm, cudagraph_bytes=graphs,
+        cudagraph_in_kv_budget=co.cudagraph_in_kv_budget, available_kv_bytes=available,
+        block_size=bs, block_bytes=block_bytes, kv_bytes_per_token=per_token,
+        num_gpu_blocks=override if override is not None else computed,
+        num_gpu_blocks_computed=computed, num_gpu_blocks_override=override,
+        max_model_len=mml, blocks_per_request=per_req_blocks, weight_format=wf.name,
+        kv_cache_dtype=cfg.cache.cache_dtype,
+    )

@@ -1,0 +1,78 @@
+"""Weight formats (quantization) and KV-cache dtype: bytes per element and the tensor rate used.
+
+- bf16/fp16: 2 bytes/param, bf16 tensor rate.
+- fp8 (W8A8, dynamic per-token activation scales): 1 byte/param (+ fp32 block scales when the
+  checkpoint has ``weight_block_size``); fp8 tensor rate **only** on GPUs with ``fp8_tflops``
+  (Ada/Hopper+); elsewhere vLLM runs weight-only FP8 Marlin: bytes saved, bf16 FLOP rate.
+- int8 (W8A8 SmoothQuant): 1 byte/param; int8 tensor rate where the GPU has ``int8_tops``.
+- int4 AWQ/GPTQ (W4A16, group 128): 0.5 + 2/128 = 0.515625 bytes/param (fp16 scale per group
+  of 128); matmul stays bf16 after in-register dequant, so no FLOP-rate gain.
+- KV cache: ``auto`` = model dtype (2 bytes), ``fp8*`` = 1 byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servesim.costmodels.config import ModelConfig
+from servesim.costmodels.specs import HardwareSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How decoder linear weights are stored and multiplied."""
+
+    name: str  # bf16 | fp16 | fp8 | int8 | int4-awq | int4-gptq
+    bytes_per_param: float  # bytes per weight element, scales included
+    compute: str  # tensor-core path actually used: "bf16" | "fp8" | "int8"
+    note: str = ""
+
+
+INT4_GROUP = 128
+INT4_BYTES = 0.5 + 2 / INT4_GROUP  # 4-bit weight + one fp16 scale per 128 weights
+
+
+def _from_checkpoint(spec: ModelSpec) -> str:
+    qm = (spec.quant_method or "").lower()
+    if qm == "fp8":
+        return "fp8"
+    if qm == "awq":
+        return "int4-awq"
+    if qm == "gptq":
+        bits = (spec.raw.get("quantization_config") or {}).get("bits", 4)
+        return "int4-gptq" if bits == 4 else "int8"
+    return "none"
+
+
+def resolve_weight_format(model_cfg: ModelConfig, spec: ModelSpec,
+                          hw: HardwareSpec) -> WeightFormat:
+    """``model.quantization`` (or, when "none", the checkpoint's own ``quantization_config``)
+    → :class:`WeightFormat` on this GPU."""
+    q = model_cfg.quantization if model_cfg.quantization != "none" else _from_checkpoint(spec)
+    if q == "fp8":
+        scale = 0.0
+        if spec.weight_block_size:
+            a, b = spec.weight_block_size
+            scale = 4.0 / (a * b)  # one fp32 scale per block
+        if hw.has_fast_path("fp8"):
+            return WeightFormat("fp8", 1.0 + scale, "fp8", "W8A8 fp8 at the fp8 tensor rate")
+        return WeightFormat("fp8", 1.0 + scale, "bf16",
+                            f"{hw.name} has no fp8 tensor cores: weight-only FP8 (Marlin), "
+                            "bf16 FLOP rate")
+    if q == "int8":
+        if hw.has_fast_path("int8"):
+            return WeightFormat("int8", 1.0, "int8", "W8A8 int8 at the int8 tensor rate")
+        return WeightFormat("int8", 1.0, "bf16", "no int8 tensor rate known: bf16 FLOP rate")
+    if q in ("int4-awq", "int4-gptq"):
+        return WeightFormat(q, INT4_BYTES, "bf16", "W4A16: bytes saved, FLOPs at bf16 rate")
+    dt = model_cfg.dtype if model_cfg.dtype != "auto" else spec.torch_dtype
+    name = "fp16" if dt == "float16" else "bf16"
+    return WeightFormat(name, 2.0, "bf16")
+
+
+def kv_cache_dtype_bytes(cache_dtype: str) -> int:
+    """Bytes per cached K/V element: ``auto`` → 2 (bf16/fp16), ``fp8*`` → 1."""
+    return 1 if cache_dtype.startswith("fp8") else 2
+
+
+ACT_BYTES = 2  # activations are bf16/fp16 in every supported format

@@ -1,0 +1,694 @@
+"""Roofline step time of one vLLM V1 engine step.
+
+Every GPU operator (vLLM module names, TP-sharded shapes, totals over all layers) costs
+
+    seconds = max(flops / (peak_flops · eff_c), bytes / (mem_bw · eff_m)) + kernels · kernel_fixed_s
+
+with efficiencies from a calibration file (``roofline / eff(shape)``, provenance
+``calibrated:<file>``; its measured times include the fixed kernel cost) or the documented
+:class:`Efficiencies` defaults (provenance ``default``). Collectives use the spec-sheet link
+bandwidth and latency (provenance ``spec-sheet``). The step is then
+
+    gpu_fwd = max(Σ gpu ops, cpu kernel-launch time)         (launches overlap GPU work)
+    host    = per_step + per_request · num_reqs + per_token · num_tokens
+    step    = gpu_fwd + host                   (synchronous scheduling)
+    step    = max(gpu_fwd, host) + residual    (scheduler.async_scheduling)
+
+CUDA graphs (vLLM V1): batches of at most ``max_cudagraph_capture_size`` tokens are padded to the
+next capture size and charged the padded GPU cost; decode-only batches replay a FULL graph,
+mixed ones run PIECEWISE (graphs between eager attention), larger batches and
+``enforce_eager`` run eagerly (one CPU launch per kernel).
+
+Pipeline parallelism: ``step_seconds`` is one batch's latency through all stages (every layer
+once, at TP-sharded cost, plus ``pp − 1`` activation handoffs).
+
+Hot path: ``step_seconds`` evaluates from a few sums in O(1); everything that depends only on
+the (padded) token count or the sampled-row count is memoized in dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from servesim.costmodels.batch import BatchShape, OpCost, StepCost
+from servesim.costmodels.calibration import Calibration, load_calibration
+from servesim.costmodels.quant import (
+    ACT_BYTES,
+    WeightFormat,
+    kv_cache_dtype_bytes,
+    resolve_weight_format,
+)
+from servesim.costmodels.specs import (
+    HardwareSpec,
+    Linear,
+    ModelSpec,
+    load_hardware_spec,
+    load_model_spec,
+)
+from servesim.simulator.errors import ConfigError
+
+DEFAULT = "default"
+SPEC_SHEET = "spec-sheet"
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Default fractions of spec-sheet peak, used where no calibration file covers an op.
+
+    Anchors: real decode kernels reach 60–80% of the HBM bound (course digest 1 §5: "real
+    single-stream decode reaches 60–80% of the bound"); aiconfigurator ships
+    ``mem_bw_empirical_scaling_factor: 0.8`` and a 3 µs constant per memory op. Large bf16
+    GEMMs reach ~70–80% of the tensor peak; FlashAttention-2 forward ~50–70%. These are priors,
+    not measurements: calibrate to replace them.
+    """
+
+    gemm_compute: float = 0.75  # dense GEMM, fraction of tensor peak
+    gemm_memory: float = 0.80  # weight streaming (decode GEMV), fraction of HBM bw
+    grouped_gemm_compute: float = 0.60  # fused MoE grouped GEMM: small per-expert m
+    grouped_gemm_memory: float = 0.75
+    attn_prefill_compute: float = 0.55  # causal flash attention forward
+    attn_prefill_memory: float = 0.70
+    attn_decode_compute: float = 0.50
+    attn_decode_memory: float = 0.70  # paged KV gather: below a plain stream
+    elementwise_memory: float = 0.70  # norms, rotary, activation, sampler passes
+    kernel_fixed_s: float = 2.0e-6  # GPU-side per-kernel launch latency + tail, seconds
+
+
+@dataclass(frozen=True)
+class HostOverhead:
+    """CPU time per engine step (seconds), calibratable (``host:`` in a calibration file).
+
+    Priors: BLIS (peer-simulators.md §2.3) fits ~126 µs per step and ~4 µs per request on
+    H100 vLLM traces; the course (digest 2 §1) gives ~5 µs CPU per eager kernel launch.
+    ``per_token_s`` covers input preparation (ids, positions, slot mapping) per scheduled token.
+    """
+
+    per_step_s: float = 126e-6  # scheduler + input prep + output processing, per step
+    per_request_s: float = 4e-6  # per scheduled request
+    per_token_s: float = 2e-8  # per scheduled token
+    launch_s: float = 5e-6  # CPU time per eager kernel launch
+    graph_launch_s: float = 10e-6  # CPU time per CUDA-graph replay
+    async_residual_s: float = 20e-6  # non-overlapped part per step with async scheduling
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HostOverhead:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in d.items() if k in names})
+
+
+# runtime CUDA-graph modes
+NONE, FULL, PIECEWISE = 0, 1, 2
+_MODE_NAMES = {NONE: "NONE", FULL: "FULL", PIECEWISE: "PIECEWISE"}
+
+# kernels per invocation (eager launches; also the GPU fixed cost per op)
+_K_NORM = 1
+_K_GEMM = 1
+_K_ROPE = 1
+_K_ATTN = 2  # reshape_and_cache + attention
+_K_ACT = 1
+_K_ROUTER = 2  # gate GEMM + top-k
+_K_EXPERTS = 6  # align/permute, w13, act, w2, un-permute, combine
+_K_LM_HEAD = 1
+_K_SAMPLER = 8  # temperature, softmax/log-softmax, random sampling, gathers
+
+
+def scheduler_defaults(hw: HardwareSpec) -> tuple[int, int]:
+    """vLLM's API-server defaults (max_num_seqs, max_num_batched_tokens): 1024 / 8192 on GPUs
+    with ≥ 70 GiB that are not A100s, else 256 / 2048 (ecosystem-formats.md §3)."""
+    if hw.memory_gib >= 70 and not hw.is_a100:
+        return 1024, 8192
+    return 256, 2048
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                  max_capture: int | None = None, sizes: list[int] | None = None) -> list[int]:
+    """vLLM's CUDA-graph capture sizes (tokens): ``[1, 2, 4] + range(8, 256, 8) +
+    range(256, max + 1, 16)`` with max = min(2·max_num_seqs, 512), capped by
+    max_num_batched_tokens; or the configured list / maximum."""
+    if sizes:
+        out = sorted({int(s) for s in sizes})
+        if max_capture:
+            out = [s for s in out if s <= max_capture]
+        return out
+    top = min(max_capture or min(2 * max_num_seqs, 512), max_num_batched_tokens)
+    ladder = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    return [s for s in ladder if s <= top] or [1]
+
+
+def validate_parallel(spec: ModelSpec, tp: int, pp: int) -> None:
+    """vLLM's checks: TP divides the attention heads; KV heads divide or are divided by TP."""
+    if spec.num_attention_heads % tp:
+        raise ConfigError(
+            f"parallel.tensor_parallel_size={tp} does not divide num_attention_heads="
+            f"{spec.num_attention_heads} of {spec.name}"
+        )
+    nkv = spec.num_key_value_heads
+    if not spec.is_mla and (nkv % tp if tp <= nkv else tp % nkv):
+        raise ConfigError(
+            f"parallel.tensor_parallel_size={tp} is incompatible with num_key_value_heads="
+            f"{nkv} of {spec.name} (one must divide the other)"
+        )
+    if pp > spec.num_hidden_layers:
+        raise ConfigError(
+            f"parallel.pipeline_parallel_size={pp} exceeds num_hidden_layers="
+            f"{spec.num_hidden_layers} of {spec.name}"
+        )
+
+
+def _roof(flops: float, nbytes: float, peak: float, bw: float, eff_c: float,
+          eff_m: float) -> tuple[float, str, float]:
+    """(seconds, bound, efficiency) of ``max(flops/(peak·eff_c), bytes/(bw·eff_m))``."""
+    tc = flops / (peak * eff_c) if flops else 0.0
+    tm = nbytes / (bw * eff_m) if nbytes else 0.0
+    return (tc, "compute", eff_c) if tc > tm else (tm, "memory", eff_m)
+
+
+def _window_pairs(n: int, w: int | None) -> float:
+    """Σ_{j=1..n} min(j, w): (query, key) pairs of the first n causal queries."""
+    if w is None or n <= w:
+        return n * (n + 1) / 2
+    return w * (w + 1) / 2 + (n - w) * w
+
+
+class StepCostModel:
+    """Step time of one engine step for a fixed (model, hardware, parallel, cache, graph) config.
+
+    Build with :func:`build_cost_model`. ``step_seconds(batch)`` is the hot path;
+    ``step_time(batch)`` returns the same seconds with a per-op breakdown and provenance.
+    """
+
+    def __init__(self, spec: ModelSpec, hw: HardwareSpec, *, tp: int = 1, pp: int = 1,
+                 weight_format: WeightFormat | None = None, kv_dtype_bytes: int = 2,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 async_scheduling: bool = False, cudagraph_mode: str = "FULL_AND_PIECEWISE",
+                 cudagraph_sizes: list[int] | None = None, enforce_eager: bool = False,
+                 calibration: Calibration | None = None,
+                 efficiencies: Efficiencies = Efficiencies(),
+                 host: HostOverhead | None = None):
+        validate_parallel(spec, tp, pp)
+        self.spec, self.hw, self.tp, self.pp = spec, hw, tp, pp
+        self.weight_format = weight_format or WeightFormat("bf16", 2.0, "bf16")
+        self.kv_dtype_bytes = kv_dtype_bytes
+        self.calibration = calibration
+        self.eff = efficiencies
+        if host is None:
+            host = HostOverhead.from_dict(calibration.host) if calibration and \
+                calibration.host else HostOverhead()
+        self.host = host
+        self.host_provenance = calibration.label if calibration and calibration.host \
+            else DEFAULT
+        self.async_scheduling = async_scheduling
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+
+        # peaks (FLOP/s, bytes/s)
+        self.peak = hw.peak_flops("bf16")
+        self.peak_w = hw.peak_flops(self.weight_format.compute)
+        self.bw = hw.mem_bw
+        cal = calibration
+        self._prov = cal.label if cal else DEFAULT
+        self._ew_eff = (cal.memcpy_eff if cal and cal.memcpy_eff else efficiencies.elementwise_memory)
+        self._ew_prov = cal.label if cal and cal.memcpy_eff else DEFAULT
+
+        # -- geometry per rank -------------------------------------------------------------------
+        L = spec.num_hidden_layers
+        self.L = L
+        self.nh_r = spec.num_attention_heads // tp
+        self.kv_elems = spec.kv_elems_per_token_per_layer(tp)  # per token per layer
+        self.window = spec.sliding_window
+        self._gemms: list[tuple[Linear, int, int]] = [(lin, *lin.shard(tp)) for lin in
+                                                      spec.linears()]
+
+        # -- CUDA graphs -------------------------------------------------------------------------
+        mode = "NONE" if enforce_eager else cudagraph_mode
+        self.cudagraph_mode = mode
+        self._decode_mode = {"NONE": NONE, "PIECEWISE": PIECEWISE}.get(mode, FULL)
+        self._mixed_mode = {"NONE": NONE, "FULL_DECODE_ONLY": NONE, "FULL": FULL}.get(
+            mode, PIECEWISE)
+        self.capture_sizes = [] if mode == "NONE" else (cudagraph_sizes or [])
+        self._max_graph = self.capture_sizes[-1] if self.capture_sizes else 0
+        self._pad = [0] * (self._max_graph + 1)
+        j = 0
+        for t in range(1, self._max_graph + 1):
+            while self.capture_sizes[j] < t:
+                j += 1
+            self._pad[t] = self.capture_sizes[j]
+
+        # -- attention coefficients (all layers, seconds per unit) -------------------------------
+        e = efficiencies
+        kvb = kv_dtype_bytes
+        if spec.is_mla:
+            lat, rope, v = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.v_head_dim
+            dec_fpt = 2 * (lat + rope) * self.nh_r + 2 * lat * self.nh_r  # absorbed MLA
+            dec_row_bytes = (self.nh_r * (lat + rope) + self.nh_r * lat) * ACT_BYTES
+            pre_fpp = (2 * (spec.qk_nope_head_dim + rope) + 2 * v) * self.nh_r
+            pre_row_bytes = self.nh_r * (spec.qk_nope_head_dim + rope + v) * ACT_BYTES
+        else:
+            hd = spec.head_dim
+            dec_fpt = 4 * self.nh_r * hd  # QK^T + PV: 2·hd FLOPs each per (query, key, head)
+            dec_row_bytes = 2 * self.nh_r * hd * ACT_BYTES  # q read + o write
+            pre_fpp = 4 * self.nh_r * hd
+            pre_row_bytes = 2 * self.nh_r * hd * ACT_BYTES
+        kv_tok = self.kv_elems * kvb  # bytes per cached token per layer
+        # per layer, at 100% of peak (used with calibrated efficiencies)
+        self._dec_f1, self._dec_b1 = dec_fpt, kv_tok  # per context token
+        self._dec_rb1 = dec_row_bytes + kv_tok  # per decode row (+ its KV write)
+        self._pre_f1 = pre_fpp  # per (query, key) pair
+        self._pre_b1_kv, self._pre_rb1 = kv_tok, pre_row_bytes + kv_tok
+        # all layers, default efficiencies, seconds
+        self._dF = L * dec_fpt / (self.peak * e.attn_decode_compute)
+        self._dB = L * kv_tok / (self.bw * e.attn_decode_memory)
+        self._dBr = L * self._dec_rb1 / (self.bw * e.attn_decode_memory)
+        self._pF = L * pre_fpp / (self.peak * e.attn_prefill_compute)
+        self._pBkv = L * kv_tok / (self.bw * e.attn_prefill_memory)
+        self._pBr = L * self._pre_rb1 / (self.bw * e.attn_prefill_memory)
+        self._attn_fixed = L * _K_ATTN * e.kernel_fixed_s
+        self._cal_dec = cal is not None and cal.decode is not None
+        self._cal_pre = cal is not None and cal.prefill is not None
+        self._attn_prov = cal.label if (self._cal_dec or self._cal_pre) else DEFAULT
+        self._dec_eff_cache: dict[tuple[int, int], float] = {}
+        self._pre_eff_cache: dict[tuple[int, int], float] = {}
+
+        # -- CPU launches per step, by runtime mode (the LM head/sampler run eagerly always) -----
+        self._layer_kernels = self._kernels_per_layer()
+        n_eager = L * self._layer_kernels + 2  # + embedding + final norm
+        if tp > 1:
+            n_eager += 2 * L + 1
+        ho = self.host
+        self._launch = {
+            NONE: n_eager * ho.launch_s,
+            FULL: ho.graph_launch_s,
+            PIECEWISE: (L + 1) * ho.graph_launch_s + L * _K_ATTN * ho.launch_s,
+        }
+        self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
+        self._dense_cache: dict[int, float] = {}
+        self._head_cache: dict[int, float] = {}
+
+    # -- structure helpers --------------------------------------------------------------------
+
+    def _kernels_per_layer(self) -> float:
+        s = self.spec
+        per_layer = 2 * _K_NORM + _K_ROPE + _K_ATTN
+        attn_gemms = [g for g, _, _ in self._gemms if g.op in
+                      ("qkv_proj", "o_proj", "qkv_a_proj", "q_b_proj", "kv_b_proj", "q_proj")]
+        per_layer += _K_GEMM * len(attn_gemms)
+        L = s.num_hidden_layers
+        ld, lm = s.num_dense_layers, s.num_moe_layers
+        mlp = ld * (2 * _K_GEMM + _K_ACT)
+        if lm:
+            mlp += lm * (_K_ROUTER + _K_EXPERTS)
+            if s.shared_expert_intermediate_size:
+                mlp += lm * (2 * _K_GEMM + _K_ACT)
+        return per_layer + mlp / L
+
+    def expected_active_experts(self, tokens: int) -> float:
+        """Distinct experts hit by ``tokens`` tokens choosing top-k of E uniformly
+        (balls into bins): E·(1 − (1 − k/E)^T)."""
+        E, k = self.spec.num_experts, self.spec.num_experts_per_tok
+        if not E or tokens <= 0:
+            return 0.0
+        return E * (1.0 - (1.0 - k / E) ** tokens)
+
+    # -- per-token-count ops (memoized by padded token count) ----------------------------------
+
+    def _gemm_op(self, name: str, lin: Linear, n: int, k: int, T: int) -> OpCost:
+        """One linear module over its layers: FLOPs 2·T·n·k (·top-k for experts); bytes =
+        weights (active experts only) + activations in/out."""
+        wf, e, cal = self.weight_format, self.eff, self.calibration
+        wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
+        if lin.num_experts > 1:
+            act_e = self.expected_active_experts(T)
+            rows = T * lin.active_experts  # (token, expert) assignments
+            flops = 2.0 * rows * n * k
+            nbytes = act_e * n * k * wb + rows * (n + k) * ACT_BYTES
+            m_eff = rows / act_e if act_e else 0.0
+            ec, em = e.grouped_gemm_compute, e.grouped_gemm_memory
+            kernels = _K_EXPERTS / 2  # two linears share the fused-MoE kernels
+        else:
+            rows = T
+            flops = 2.0 * T * n * k
+            nbytes = n * k * wb + (n if lin.bias else 0) * ACT_BYTES + T * (n + k) * ACT_BYTES
+            m_eff = T
+            ec, em = e.gemm_compute, e.gemm_memory
+            kernels = _K_GEMM if lin.op != "router" else _K_ROUTER
+        peak = self.peak_w if lin.quantized else self.peak
+        if cal is not None and cal.gemm:
+            comp = self.weight_format.compute if lin.quantized else "bf16"
+            eff = cal.gemm_eff(max(m_eff, 1.0), n, k, comp)
+            roof = max(flops / peak, nbytes / self.bw)
+            sec = roof / eff
+            bound = "compute" if flops / peak > nbytes / self.bw else "memory"
+            prov = cal.label
+        else:
+            sec, bound, eff = _roof(flops, nbytes, peak, self.bw, ec, em)
+            sec += kernels * e.kernel_fixed_s
+            prov = DEFAULT
+        L = lin.layers
+        return OpCost(name, L, sec * L, flops * L, nbytes * L, bound, eff, prov)
+
+    def _elementwise(self, name: str, count: int, nbytes: float, kernels: int) -> OpCost:
+        """Memory-bound op: bytes / (bw · eff) + kernels · fixed, totals over ``count`` calls."""
+        t = nbytes / (self.bw * self._ew_eff) if nbytes else 0.0
+        if self._ew_prov == DEFAULT:
+            t += kernels * self.eff.kernel_fixed_s
+        return OpCost(name, count, t * count, 0.0, nbytes * count, "memory", self._ew_eff,
+                      self._ew_prov)
+
+    def _comm(self, name: str, count: int, payload: float, kind: str = "all_reduce") -> OpCost:
+        """TP all-reduce of ``payload`` bytes per call (spec-sheet link bw/latency):
+
+        ring: 2(p−1)·lat + 2(p−1)/p · B / bw; one-shot (vLLM custom all-reduce over a P2P
+        fabric, B ≤ 8 MiB): lat + (p−1) · B / bw; two-shot: 2·lat + 2(p−1)/p · B / bw.
+        PP handoff: lat + B / bw.
+        """
+        hw, p = self.hw, self.tp
+        lat, bw = hw.link_latency, hw.link_bw
+        if kind == "send":
+            algos = [(lat, payload / bw)]
+        else:
+            algos = [(2 * (p - 1) * lat, 2 * (p - 1) / p * payload / bw)]  # NCCL ring
+            if hw.has_nvlink and payload <= 8 * 2**20:
+                algos.append((lat, (p - 1) * payload / bw))  # one-shot
+                algos.append((2 * lat, 2 * (p - 1) / p * payload / bw))  # two-shot
+        t_lat, t_bw = min(algos, key=lambda a: a[0] + a[1])
+        t = t_lat + t_bw
+        bound = "latency" if t_lat >= t_bw else "link"
+        return OpCost(name, count, t * count, 0.0, payload * count, bound, 1.0, SPEC_SHEET)
+
+    def dense_ops(self, T: int) -> list[OpCost]:
+        """All ops whose cost depends only on the (padded) token count ``T``, vLLM order."""
+        s, L, tp = self.spec, self.L, self.tp
+        h = s.hidden_size
+        ops: list[OpCost] = []
+        if T <= 0:
+            return ops
+        ops.append(self._elementwise("embed_tokens", 1, 2 * T * h * ACT_BYTES, 1))
+        ops.append(self._elementwise("input_layernorm", 2 * L + 1, 4 * T * h * ACT_BYTES,
+                                     _K_NORM))
+        merged: dict[str, OpCost] = {}
+        for lin, n, k in self._gemms:
+            op = self._gemm_op(lin.op, lin, n, k, T)
+            if lin.op in merged:
+                m = merged[lin.op]
+                merged[lin.op] = OpCost(m.name, m.count, m.seconds + op.seconds, m.flops +
+                                        op.flops, m.bytes + op.bytes,
+                                        m.bound if m.seconds >= op.seconds else op.bound,
+                                        m.efficiency, m.provenance)
+            else:
+                merged[lin.op] = op
+        rot = s.rotary_dim or s.head_dim
+        kvh = 1 if s.is_mla else s.kv_heads_per_rank(tp)
+        rope_bytes = 2 * T * (self.nh_r + kvh) * rot * ACT_BYTES
+        order_attn = ("qkv_a_proj", "q_proj", "q_b_proj", "kv_b_proj", "qkv_proj")
+        for name in order_attn:
+            if name in merged:
+                ops.append(merged.pop(name))
+        ops.append(self._elementwise("rotary_emb", L, rope_bytes, _K_ROPE))
+        if "o_proj" in merged:
+            ops.append(merged.pop("o_proj"))
+        for name in ("gate_up_proj",):
+            if name in merged:
+                ops.append(merged.pop(name))
+        ld = s.num_dense_layers
+        i_r = -(-s.intermediate_size // tp)
+        act_calls = ld
+        act_bytes = 3 * T * i_r * ACT_BYTES
+        if ld:
+            ops.append(self._elementwise("act_fn", act_calls, act_bytes, _K_ACT))
+        for name in ("down_proj", "router", "experts", "shared_experts"):
+            if name in merged:
+                ops.append(merged.pop(name))
+        if s.num_moe_layers and s.shared_expert_intermediate_size:
+            ish = -(-s.shared_expert_intermediate_size // tp)
+            ops.append(self._elementwise("shared_experts.act_fn", s.num_moe_layers,
+                                         3 * T * ish * ACT_BYTES, _K_ACT))
+        ops.extend(merged.values())
+        if tp > 1:
+            ops.append(self._comm("all_reduce", 2 * L + 1, T * h * ACT_BYTES))
+        if self.pp > 1:
+            ops.append(self._comm("pp_send_recv", self.pp - 1, 2 * T * h * ACT_BYTES, "send"))
+        return ops
+
+    def _dense_seconds(self, T: int) -> float:
+        t = 0.0
+        for op in self.dense_ops(T):
+            t += op.seconds
+        self._dense_cache[T] = t
+        return t
+
+    def head_ops(self, s: int) -> list[OpCost]:
+        """LM head (vocab-parallel GEMM on the sampled rows, + logits gather at TP>1) and the
+        sampler (≈4 fp32 passes over s × vocab logits)."""
+        if s <= 0:
+            return []
+        spec, tp = self.spec, self.tp
+        V, h = spec.vocab_size, spec.hidden_size
+        v_r = -(-V // tp)
+        lin = Linear("lm_head", "lm_head", h, v_r, 1, "replicated", quantized=False)
+        op = self._gemm_op("lm_head", lin, v_r, h, s)
+        if tp > 1:  # tensor_model_parallel_gather of the logits
+            g = self._comm("logits_gather", 1, (tp - 1) * s * v_r * ACT_BYTES, "send")
+            op = OpCost(op.name, op.count, op.seconds + g.seconds, op.flops, op.bytes + g.bytes,
+                        op.bound, op.efficiency, op.provenance)
+        sampler = self._elementwise("sampler", 1, 4 * s * V * 4, _K_SAMPLER)
+        return [op, sampler]
+
+    def _head_seconds(self, s: int) -> float:
+        t = 0.0
+        for op in self.head_ops(s):
+            t += op.seconds
+        self._head_cache[s] = t
+        return t
+
+    # -- attention -------------------------------------------------------------------------------
+
+    def _decode_attn(self, nd: int, ctx: int) -> float:
+        """Decode attention, all layers (seconds): KV bytes read = Σ context · kv bytes/token."""
+        if not self._cal_dec:
+            x = ctx * self._dF
+            y = ctx * self._dB + nd * self._dBr
+            return max(y, x)
+        key = (nd, (ctx // nd) >> 4)
+        eff = self._dec_eff_cache.get(key)
+        if eff is None:
+            eff = self.calibration.decode_eff(nd, max(1, key[1] << 4 | 8))
+            self._dec_eff_cache[key] = eff
+        f = ctx * self._dec_f1 / self.peak
+        b = (ctx * self._dec_b1 + nd * self._dec_rb1) / self.bw
+        return self.L * (max(b, f)) / eff
+
+    def _prefill_attn(self, c: int, p: int) -> float:
+        """Prefill chunk of ``c`` new tokens after ``p`` cached ones (all layers, seconds):
+        causal (query, key) pairs = c·p + c(c+1)/2 (window-capped), 4·heads·head_dim FLOPs each;
+        bytes = cached + new KV read + q/o + KV write."""
+        w = self.window
+        if w:
+            pairs = _window_pairs(p + c, w) - _window_pairs(p, w)
+            kv = min(p + c, w + c)
+        else:
+            pairs = c * p + c * (c + 1) / 2
+            kv = p + c
+        if not self._cal_pre:
+            x = pairs * self._pF
+            y = kv * self._pBkv + c * self._pBr
+            return max(y, x)
+        key = (c, p >> 4)
+        eff = self._pre_eff_cache.get(key)
+        if eff is None:
+            eff = self.calibration.prefill_eff(c, key[1] << 4)
+            self._pre_eff_cache[key] = eff
+        f = pairs * self._pre_f1 / self.peak
+        b = (kv * self._pre_b1_kv + c * self._pre_rb1) / self.bw
+        return self.L * (max(b, f)) / eff
+
+    # -- the hot path ----------------------------------------------------------------------------
+
+    def runtime_mode(self, batch: BatchShape) -> tuple[int, int]:
+        """(CUDA-graph mode, padded token count) vLLM would use for this batch."""
+        pre = batch.prefill_new_tokens
+        T = batch.num_decode + (sum(pre) if pre else 0)
+        mode = self._mixed_mode if pre else self._decode_mode
+        if mode and 0 < T <= self._max_graph:
+            return mode, self._pad[T]
+        return NONE, T
+
+    def step_seconds(self, batch: BatchShape) -> float:
+        """Seconds of one engine step (O(1) in the number of running requests)."""
+        nd = batch.num_decode
+        pre = batch.prefill_new_tokens
+        if pre:
+            T = nd + sum(pre)
+            mode = self._mixed_mode
+        else:
+            T = nd
+            mode = self._decode_mode
+        if mode and 0 < T <= self._max_graph:
+            Tp = self._pad[T]
+        else:
+            mode = NONE
+            Tp = T
+        gpu = self._dense_cache.get(Tp)
+        if gpu is None:
+            gpu = self._dense_seconds(Tp)
+        if T:
+            gpu += self._attn_fixed
+        if nd:
+            ctx = batch.decode_context_sum
+            if self.window and ctx > nd * self.window:
+                ctx = nd * self.window
+            gpu += self._decode_attn(nd, ctx)
+        if pre:
+            pc = batch.prefill_context
+            if len(pc) != len(pre):
+                pc = tuple(pc) + (0,) * (len(pre) - len(pc))
+            for c, p in zip(pre, pc):
+                gpu += self._prefill_attn(c, p)
+        launch = self._launch[mode]
+        s = batch.num_sampled
+        if s:
+            hs = self._head_cache.get(s)
+            if hs is None:
+                hs = self._head_seconds(s)
+            gpu += hs
+            launch += self._head_launch
+        gpu = max(gpu, launch)
+        ho = self.host
+        host = ho.per_step_s + ho.per_request_s * (nd + len(pre)) + ho.per_token_s * T
+        if self.async_scheduling:
+            return (max(host, gpu)) + ho.async_residual_s
+        return gpu + host
+
+    # -- breakdown -------------------------------------------------------------------------------
+
+    def step_time(self, batch: BatchShape) -> StepCost:
+        """:meth:`step_seconds` with a per-op breakdown (totals over all layers) and provenance.
+
+        The breakdown sums to ``seconds`` (up to float rounding): ``kernel_launch`` is the CPU
+        launch time not hidden behind GPU work, ``host`` the exposed host time.
+        """
+        seconds = self.step_seconds(batch)
+        mode, Tp = self.runtime_mode(batch)
+        nd, pre = batch.num_decode, batch.prefill_new_tokens
+        T = batch.num_tokens
+        ops = list(self.dense_ops(Tp))
+        # attention (decode rows + prefill chunks share one kernel per layer)
+        attn_s = self._attn_fixed if T else 0.0
+        flops = nbytes = 0.0
+        L = self.L
+        if nd:
+            ctx = batch.decode_context_sum
+            if self.window and ctx > nd * self.window:
+                ctx = nd * self.window
+            attn_s += self._decode_attn(nd, ctx)
+            flops += L * ctx * self._dec_f1
+            nbytes += L * (ctx * self._dec_b1 + nd * self._dec_rb1)
+        pc = tuple(batch.prefill_context) + (0,) * (len(pre) - len(batch.prefill_context))
+        for c, p in zip(pre, pc):
+            attn_s += self._prefill_attn(c, p)
+            w = self.window
+            pairs = (_window_pairs(p + c, w) - _window_pairs(p, w)) if w else c * p + c * (
+                c + 1) / 2
+            kv = min(p + c, w + c) if w else p + c
+            flops += L * pairs * self._pre_f1
+            nbytes += L * (kv * self._pre_b1_kv + c * self._pre_rb1)
+        if T:
+            t_c, t_m = flops / self.peak, nbytes / self.bw
+            bound = "compute" if t_c > t_m else "memory"
+            # effective efficiency: roofline at 100% / modelled time
+            eff = max(t_c, t_m) / attn_s if attn_s else 0.0
+            ops.insert(self._attn_index(ops), OpCost("attn", L, attn_s, flops, nbytes, bound,
+                                                     eff, self._attn_prov))
+        ops.extend(self.head_ops(batch.num_sampled))
+        gpu = 0.0
+        for op in ops:
+            gpu += op.seconds
+        launch = self._launch[mode] + (self._head_launch if batch.num_sampled else 0.0)
+        n_launch = self._launch_count(mode, batch.num_sampled)
+        fwd = max(gpu, launch)
+        ops.append(OpCost("kernel_launch", n_launch, fwd - gpu, 0.0, 0.0, "host", 1.0,
+                          self.host_provenance))
+        ops.append(OpCost("host", 1, seconds - fwd, 0.0, 0.0, "host", 1.0,
+                          self.host_provenance))
+        ho = self.host
+        host = ho.per_step_s + ho.per_request_s * batch.num_reqs + ho.per_token_s * T
+        return StepCost(seconds=seconds, breakdown=ops, gpu_seconds=fwd, host_seconds=host,
+                        padded_batch=Tp, cudagraph=_MODE_NAMES[mode])
+
+    @staticmethod
+    def _attn_index(ops: list[OpCost]) -> int:
+        for i, op in enumerate(ops):
+            if op.name == "rotary_emb":
+                return i + 1
+        return len(ops)
+
+    def _launch_count(self, mode: int, s: int) -> int:
+        L = self.L
+        head = (_K_LM_HEAD + _K_SAMPLER) if s else 0
+        if mode == FULL:
+            return 1 + head
+        if mode == PIECEWISE:
+            return L + 1 + L * _K_ATTN + head
+        n = L * self._layer_kernels + 2 + (2 * L + 1 if self.tp > 1 else 0)
+        return round(n) + head
+
+    # -- roofline floor (tests, reports) --------------------------------------------------------
+
+    def roofline_floor(self, batch: BatchShape) -> float:
+        """Σ over GPU ops of max(flops/peak, bytes/bw) at 100% efficiency (seconds): a lower
+        bound no step can beat (no launch, host or latency terms)."""
+        t = 0.0
+        for op in self.step_time(batch).breakdown:
+            if op.bound in ("host",) or op.provenance == SPEC_SHEET:
+                continue
+            peak = self.peak_w if op.name in self._quantized_ops() else self.peak
+            t += max(op.flops / peak, op.bytes / self.bw)
+        return t
+
+    def _quantized_ops(self) -> set[str]:
+        return {lin.op for lin, _, _ in self._gemms if lin.quantized}
+
+
+def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
+    """(max_num_seqs, max_num_batched_tokens, max_model_len), filling vLLM defaults when the
+    config has not been through ``resolve_config`` yet."""
+    seqs, toks = scheduler_defaults(hw)
+    sc = cfg.scheduler
+    seqs = sc.max_num_seqs or seqs
+    toks = sc.max_num_batched_tokens or toks
+    mml = cfg.model.max_model_len or spec.max_position_embeddings
+    return seqs, toks, mml
+
+
+def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
+                     host: HostOverhead | None = None) -> StepCostModel:
+    """Resolved :class:`~servesim.simulator.config.ExperimentConfig` → :class:`StepCostModel`."""
+    spec = load_model_spec(cfg.model)
+    hw = load_hardware_spec(cfg.hardware)
+    tp = cfg.parallel.tensor_parallel_size
+    pp = cfg.parallel.pipeline_parallel_size
+    validate_parallel(spec, tp, pp)
+    seqs, toks, _ = _resolved(cfg, hw, spec)
+    comp = cfg.compilation
+    sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
+                          comp.cudagraph_capture_sizes)
+    cal = load_calibration(cfg.hardware, hw)
+    return StepCostModel(
+        spec, hw, tp=tp, pp=pp,
+        weight_format=resolve_weight_format(cfg.model, spec, hw),
+        kv_dtype_bytes=kv_cache_dtype_bytes(cfg.cache.cache_dtype),
+        max_num_seqs=seqs, max_num_batched_tokens=toks,
+        async_scheduling=cfg.scheduler.async_scheduling,
+        cudagraph_mode=comp.cudagraph_mode, cudagraph_sizes=sizes,
+        enforce_eager=cfg.model.enforce_eager, calibration=cal,
+        efficiencies=efficiencies or Efficiencies(), host=host,
+    )
+
+
+__all__ = [
+    "Efficiencies",
+    "HostOverhead",
+    "StepCostModel",
+    "build_cost_model",
+    "capture_sizes",
+    "scheduler_defaults",
+    "validate_parallel",
+]
