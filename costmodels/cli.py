@@ -1,7 +1,135 @@
-"""Subcommands of this concern (registered on the ``simulate`` app by simulator/cli.py)."""
+"""``simulate estimate``: one step's predicted time, per operator, with provenance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
+
+CONFIG_ARG = typer.Argument(..., help="Experiment config YAML (e.g. configs/llama8b_a100.yaml)")
+SET_OPT = typer.Option(None, "--set", help="Override a config key: section.key=value (repeatable)")
+
+
+def _si(x: float, unit: str = "") -> str:
+    """1.23e9 → '1.23 G<unit>'."""
+    if x == 0:
+        return "0"
+    for f, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= f:
+            return f"{x / f:.3g} {p}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _time(s: float) -> str:
+    """Seconds → 'x.xxx ms' or 'x.x us'."""
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+
+
+def make_batch(batch_size: int, context: int, prefill_tokens: int = 0,
+               prefill_context: int = 0):
+    """``batch_size`` decode rows each attending ``context`` tokens, plus one prefill chunk of
+    ``prefill_tokens`` new tokens after ``prefill_context`` cached ones (it samples a token)."""
+    from servesim.costmodels.batch import BatchShape
+
+    pre = (prefill_tokens,) if prefill_tokens > 0 else ()
+    return BatchShape(
+        num_decode=batch_size,
+        decode_context_sum=batch_size * context,
+        decode_context_max=context if batch_size else 0,
+        prefill_new_tokens=pre,
+        prefill_context=(prefill_context,) if pre else (),
+        num_sampled=batch_size + (1 if pre else 0),
+    )
+
+
+def _load(config: Path, overrides: list[str]):
+    from servesim.simulator.config import load_config
+
+    cfg = load_config(config, overrides)
+    try:
+        from servesim.simulator.config import resolve_config
+    except ImportError:  # older simulator: the cost model fills vLLM's defaults itself
+        return cfg
+    return resolve_config(cfg)
+
+
+def estimate(
+    config: Path = CONFIG_ARG,
+    batch_size: int = typer.Option(..., "--batch-size", min=0, help="Decode rows in the step"),
+    context: int = typer.Option(..., "--context", min=1,
+                                help="Context tokens each decode row attends to"),
+    prefill_tokens: int = typer.Option(0, "--prefill-tokens", min=0,
+                                       help="New tokens of one prefill chunk in the step"),
+    prefill_context: int = typer.Option(0, "--prefill-context", min=0,
+                                        help="Tokens already cached before that chunk"),
+    overrides: Optional[list[str]] = SET_OPT,  # noqa: UP045 (typer needs Optional)
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table"),
+) -> None:
+    """Predict one engine step's time for a batch shape: per-op table (totals over all layers)."""
+    import json
+    import warnings
+
+    from servesim.costmodels.step import build_cost_model
+    from servesim.simulator.errors import ConfigError
+
+    if batch_size == 0 and prefill_tokens == 0:
+        raise ConfigError("estimate: give --batch-size > 0 or --prefill-tokens > 0")
+    cfg = _load(config, list(overrides or []))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = build_cost_model(cfg)
+    for w in caught:  # one line each on stderr
+        typer.echo(f"warning: {w.message}", err=True)
+    batch = make_batch(batch_size, context, prefill_tokens, prefill_context)
+    st = model.step_time(batch)
+    if as_json:
+        out = {
+            "step_seconds": st.seconds,
+            "gpu_seconds": st.gpu_seconds,
+            "host_seconds": st.host_seconds,
+            "cudagraph": st.cudagraph,
+            "padded_batch": st.padded_batch,
+            "ops": [{"name": o.name, "count": o.count, "seconds": o.seconds, "flops": o.flops,
+                     "bytes": o.bytes, "bound": o.bound, "efficiency": o.efficiency,
+                     "provenance": o.provenance} for o in st.breakdown],
+        }
+        typer.echo(json.dumps(out, indent=2))
+        return
+
+    from rich.console import Console
+    from rich.table import Table
+
+    spec, hw = model.spec, model.hw
+    cal = model.calibration.label if model.calibration else "none (default efficiencies)"
+    title = (f"{spec.name} on {hw.name} · TP={model.tp} PP={model.pp} · weights "
+             f"{model.weight_format.name} · KV {cfg.cache.cache_dtype} · "
+             f"{batch.num_decode} decode @ {context} ctx"
+             + (f" + prefill {prefill_tokens} @ {prefill_context}" if prefill_tokens else "")
+             + f" · cudagraph {st.cudagraph} (padded to {st.padded_batch}) · calibration {cal}")
+    t = Table(title=title, title_justify="left")
+    for col, just in (("op", "left"), ("count", "right"), ("time", "right"), ("share", "right"),
+                      ("FLOPs", "right"), ("bytes", "right"), ("bound", "left"),
+                      ("eff", "right"), ("provenance", "left")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for o in st.breakdown:
+        share = o.seconds / st.seconds if st.seconds else 0.0
+        t.add_row(o.name, str(o.count), _time(o.seconds), f"{share:.1%}", _si(o.flops),
+                  _si(o.bytes, "B"), o.bound, f"{o.efficiency:.2f}", o.provenance)
+    t.add_section()
+    t.add_row("total", "", _time(st.seconds), "100.0%",
+              _si(sum(o.flops for o in st.breakdown)), _si(sum(o.bytes for o in st.breakdown),
+                                                          "B"), "", "", "")
+    con = Console()
+    if con.width < 132:  # never truncate a column (provenance last) on narrow/non-tty output
+        con = Console(width=132)
+    con.print(t)
+    tok = batch.num_decode + prefill_tokens
+    con.print(f"step {st.seconds * 1e3:.3f} ms = GPU {st.gpu_seconds * 1e3:.3f} ms + exposed host "
+              f"{(st.seconds - st.gpu_seconds) * 1e3:.3f} ms (async_scheduling="
+              f"{model.async_scheduling}); {tok / st.seconds:,.0f} tokens/s")
 
 
 def register(app: typer.Typer) -> None:
     """Add this concern's commands to ``app``."""
+    app.command("estimate")(estimate)
