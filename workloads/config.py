@@ -13,7 +13,15 @@ import itertools
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 
 class _Section(BaseModel):
@@ -136,9 +144,17 @@ class EmpiricalDist(_Section):
     column: Literal["prompt_len", "output_len"] = "prompt_len"
 
 
+def _shorthand(v):
+    """A bare number means ``{dist: fixed, value: N}``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return {"dist": "fixed", "value": v}
+    return v
+
+
 LengthDist = Annotated[
     FixedDist | UniformDist | LognormalDist | ExponentialDist | EmpiricalDist,
     Field(discriminator="dist"),
+    BeforeValidator(_shorthand),
 ]
 
 

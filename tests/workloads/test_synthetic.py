@@ -77,7 +77,7 @@ def test_sessions_prefix_chain():
 
 
 def test_sessions_end_at_max_model_len():
-    cfg = SessionsWorkload(num_sessions=5, turns=FixedDist(value=10),
+    cfg = SessionsWorkload(num_sessions=5, turns=10,  # bare number = fixed
                            first_input=FixedDist(value=100), user_input=FixedDist(value=100),
                            output=FixedDist(value=100))
     r = list(build_workload(cfg, block_size=16, max_model_len=700))
