@@ -1,0 +1,150 @@
+"""Calibration planner, writer, report and the `simulate calibrate` CLI (no GPU needed)."""
+
+import pytest
+import yaml
+from kernels_synthetic import FIXTURE, synthetic_doc
+from servesim.kernels import calibrate as C
+from servesim.simulator.cli import app, main
+from servesim.simulator.errors import ServesimError
+from typer.testing import CliRunner
+
+
+def _run_main(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_fixture_is_marked_synthetic_and_valid():
+    doc = C.read_calibration(FIXTURE)
+    assert doc["synthetic"] is True and "SYNTHETIC" in doc["note"]
+    assert doc["fingerprint"]["device_name"].startswith("SYNTHETIC")
+
+
+def test_fixture_matches_its_generator():
+    assert C.read_calibration(FIXTURE) == synthetic_doc()
+
+
+def test_writer_round_trip_and_schema_keys(tmp_path):
+    path = C.write_calibration(synthetic_doc(), tmp_path / "sub" / "x.yaml")
+    doc = yaml.safe_load(path.read_text())
+    assert list(doc)[:6] == ["version", "synthetic", "note", "gpu", "fingerprint", "peaks"]
+    for section, keys in C.ROW_KEYS.items():
+        assert doc[section], section
+        for row in doc[section]:
+            assert set(keys) <= set(row)
+    g = doc["gemm"][0]
+    assert g["flops"] == 2 * g["m"] * g["n"] * g["k"]
+    assert g["bytes"] == (g["m"] * g["k"] + g["k"] * g["n"] + g["m"] * g["n"]) * 2
+    assert not list(tmp_path.glob("sub/.x.yaml.*"))  # temp file renamed away
+
+
+@pytest.mark.parametrize("mutate,msg", [
+    (lambda d: d.update(version=2), "version: expected 1"),
+    (lambda d: d.pop("gemm"), "missing section 'gemm'"),
+    (lambda d: d["fingerprint"].pop("torch"), "fingerprint: missing torch"),
+    (lambda d: d["decode_attention"][0].pop("context_max"), "decode_attention[0]: missing"),
+    (lambda d: d["gemm"][1].update(triton_s=-1.0), "gemm[1].triton_s: expected seconds"),
+])
+def test_validator_rejects_bad_documents(mutate, msg, tmp_path):
+    doc = synthetic_doc()
+    mutate(doc)
+    with pytest.raises(ServesimError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        C.write_calibration(doc, tmp_path / "bad.yaml")
+    assert not (tmp_path / "bad.yaml").exists()
+
+
+def test_flops_bytes_formulas():
+    d = C.DecodeShape(2, 100, 100, 8, 2, 64, "bfloat16", "bfloat16")
+    assert C.decode_flops_bytes(d) == (4 * 8 * 64 * 200, 2 * 200 * 2 * 64 * 2 + 2 * 2 * 8 * 64 * 2)
+    p = C.PrefillShape(1, 4, 10, 2, 1, 8, "bfloat16")
+    flops, nbytes = C.prefill_flops_bytes(p)
+    assert flops == 4 * 2 * 8 * (4 * 10 + 4 * 5 // 2)
+    assert nbytes == 2 * 14 * 1 * 8 * 2 + 2 * 4 * 2 * 8 * 2
+    assert C.gemm_flops_bytes(16, 32, 64, "float8_e4m3fn") == (2 * 16 * 32 * 64,
+                                                               16 * 64 + 64 * 32 + 16 * 32 * 2)
+
+
+def test_report_numbers(capsys):
+    result = CliRunner().invoke(app, ["calibrate", "report", str(FIXTURE)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "synthetic" in out.lower()
+    lines = out.splitlines()
+    row = next(li for li in lines if "bfloat16" in li and "M >= 256" in li)
+    assert "median   1.05" in row
+    assert "median   1.10" in next(li for li in lines if "M <= 16" in li)
+    assert "median  75.00" in next(li for li in lines if "triton  batch>=16" in li)
+    assert "median  50.00" in next(li for li in lines if "triton  chunk >= 512" in li)
+    assert "90% of 3350.0 GB/s" in out
+
+
+def test_report_bad_file(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ngpu: x\n")
+    code, _, err = _run_main(["calibrate", "report", str(bad)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "missing top-level key" in err
+
+
+def test_plan_from_model_catalog():
+    models, note = C.load_models()
+    plan = C.build_plan("h100-sxm", quick=False)
+    ms = {g.m for g in plan.gemm}
+    assert ms == set(C.M_FULL)
+    if note is None:  # catalog present: every model contributes its qkv at TP 1
+        for name, cfg in models.items():
+            if not cfg.get("kv_lora_rank"):
+                n = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * C._head_dim(cfg)
+                assert any(g.n == n and g.k == cfg["hidden_size"] for g in plan.gemm), name
+    assert all(g.m <= C.LM_HEAD_MAX_M for g in plan.gemm if g.ops == "lm_head")
+    assert any(d.lengths for d in plan.decode)  # mixed-length batches
+    assert {p.context for p in plan.prefill} >= {0, 4096}
+    quick = C.build_plan("h100-sxm", quick=True)
+    assert len(quick.gemm) < len(plan.gemm) and quick.mode == "quick"
+
+
+def test_plan_falls_back_without_model_files(tmp_path):
+    plan = C.build_plan("h100-sxm", quick=True, models_dir=tmp_path)
+    assert plan.models == ["llama-3.1-70b", "llama-3.1-8b"]
+    assert any("built-in shapes" in n for n in plan.notes)
+
+
+def test_model_gemms_tp_and_kv_replication():
+    cfg = C.FALLBACK_MODELS["llama-3.1-8b"]
+    ops = {op: (n, k) for op, n, k in C.model_gemms(cfg, 8)}
+    assert ops["qkv"] == ((4 + 2 * 1) * 128, 4096)  # 8 KV heads over 8 ranks: 1 each
+    assert ops["o"] == (4096, 512) and ops["down"] == (4096, 14336 // 8)
+    assert ops["gate_up"] == (2 * 14336 // 8, 4096) and ops["lm_head"] == (128256 // 8, 4096)
+    assert C.model_attention(cfg, 4) == (8, 2, 128)
+
+
+def test_quick_plan_estimate_under_five_minutes():
+    plan = C.build_plan("h100-sxm", quick=True)
+    est = C.estimate_plan(plan)
+    assert sum(e["total_s"] for e in est.values()) < 300
+    full = C.build_plan("h100-sxm", quick=False, fp8=True)
+    assert sum(e["total_s"] for e in C.estimate_plan(full).values()) < 600
+
+
+def test_cli_dry_run_prints_plan(capsys):
+    main(["calibrate", "--gpu", "h100-sxm", "--dry-run"])  # returns normally on success
+    out = capsys.readouterr().out
+    for fam in ("gemm", "decode_attention", "prefill_attention", "memcpy", "total"):
+        assert fam in out
+    assert "(full)" in out
+
+
+def test_cli_no_gpu_error(capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = _run_main(["calibrate", "--gpu", "h100-sxm", "--quick"], capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [f"error: {C.NO_GPU_MESSAGE}"]
+
+
+def test_cli_requires_gpu_name_and_known_gpu(capsys):
+    code, _, err = _run_main(["calibrate", "--dry-run"], capsys)
+    assert code == 2 and "--gpu NAME is required" in err
+    code, _, err = _run_main(["calibrate", "--gpu", "no-such-gpu", "--dry-run"], capsys)
+    assert code == 2 and "no-such-gpu" in err and err.count("\n") == 1
