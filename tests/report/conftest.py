@@ -87,12 +87,12 @@ def plan_dir(tmp_path):
     from plan.synthetic import synthetic_eval, synthetic_fit
     from servesim.reports.plan import PlanSpec, run_plan
 
-    spec = PlanSpec.model_validate(dict(
-        name="t", workload={"kind": "random", "num_prompts": 100},
-        slo={"ttft_ms": 1000, "tpot_ms": 45}, target_request_rate=30,
-        search={"hardware": ["a100-sxm4-80gb", "h100-sxm", "l40s"],
+    spec = PlanSpec.model_validate({
+        "name": "t", "workload": {"kind": "random", "num_prompts": 100},
+        "slo": {"ttft_ms": 1000, "tpot_ms": 45}, "target_request_rate": 30,
+        "search": {"hardware": ["a100-sxm4-80gb", "h100-sxm", "l40s"],
                 "tensor_parallel_size": [1, 2]},
-        seeds=[0, 1], tolerance={"first_guess_rps": 2.0}))
+        "seeds": [0, 1], "tolerance": {"first_guess_rps": 2.0}})
     out = tmp_path / "plan"
     run_plan(spec, tmp_path, out, evaluate=synthetic_eval, fit_check=synthetic_fit, quiet=True)
     return out
