@@ -101,7 +101,7 @@ def _print_plan(res: dict, output: Path, quiet: bool) -> None:
                   "$/1M out tok", "% of knee", "note"):
             t.add_column(c, justify="left" if c in ("candidate", "note") else "right")
         for r in res["candidates"]:
-            def g(k, fmt="{:.3g}"):
+            def g(k, fmt="{:.3g}", r=r):
                 v = r.get(k)
                 return "" if v is None or (isinstance(v, float) and math.isnan(v)) else \
                     fmt.format(v)

@@ -133,12 +133,12 @@ def test_prices_file_has_sources_and_covers_the_hardware_catalog():
 
 
 def _spec(**kw) -> PlanSpec:
-    d = dict(name="t", workload={"kind": "random", "num_prompts": 100, "input_len": 1000,
+    d = {"name": "t", "workload": {"kind": "random", "num_prompts": 100, "input_len": 1000,
                                  "output_len": 130},
-             slo={"ttft_ms": 1000, "tpot_ms": 45}, target_request_rate=50,
-             search={"hardware": ["a100-sxm4-80gb", "h100-sxm", "l40s"],
+             "slo": {"ttft_ms": 1000, "tpot_ms": 45}, "target_request_rate": 50,
+             "search": {"hardware": ["a100-sxm4-80gb", "h100-sxm", "l40s"],
                      "tensor_parallel_size": [1, 2]},
-             seeds=[0, 1], tolerance={"first_guess_rps": 2.0})
+             "seeds": [0, 1], "tolerance": {"first_guess_rps": 2.0}}
     d.update(kw)
     return PlanSpec.model_validate(d)
 
