@@ -214,31 +214,56 @@ def _fmt(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
 
 
+_SHORT = {"output_throughput": "out tok/s", "request_throughput": "req/s",
+          "total_token_throughput": "tok/s", "request_goodput": "goodput"}
+
+
+def _short(metric: str) -> str:
+    """``p99_ttft_ms`` → ``ttft p99``; throughputs abbreviated."""
+    if metric in _SHORT:
+        return _SHORT[metric]
+    stat, _, rest = metric.removesuffix("_ms").partition("_")
+    return f"{rest} {stat}" if rest else metric
+
+
 def ab_rich_table(ab_rows: list[dict], metrics: Iterable[str] | None = TABLE_METRICS,
                   title: str | None = None):
-    """A rich Table of the A/B rows (restricted to ``metrics`` when given)."""
+    """A compact rich Table of the A/B rows (restricted to ``metrics`` when given): per rate,
+    arm and metric, A's mean, the relative difference B - A with its interval, the verdict
+    ("n.s." = no significant difference)."""
+    from rich import box
     from rich.table import Table
 
     keep = set(metrics) if metrics is not None else None
     conf = ab_rows[0]["confidence"] if ab_rows else 0.95
-    t = Table(title=title or "A/B: paired difference B - A over seeds (common random numbers)")
-    for col, just in (("rate", "right"), ("B vs A", "left"), ("metric", "left"),
-                      ("A", "right"), ("B", "right"), ("B - A", "right"),
-                      (f"{conf:.0%} CI", "right"), ("rel %", "right"), ("n", "right"),
-                      ("verdict", "left")):
-        t.add_column(col, justify=just)
+    base = ab_rows[0]["arm_a"] if ab_rows else "A"
+    t = Table(title=title or f"A/B vs {base} (A): paired B - A over seeds",
+              caption=f"{conf:.0%} CI; n.s. = no significant difference; latencies in ms",
+              box=box.SIMPLE_HEAD)
+    for col, just in (("rate", "right"), ("B", "left"), ("metric", "left"), ("A mean", "right"),
+                      (f"B-A % [{conf:.0%} CI]", "right"), ("verdict", "left")):
+        t.add_column(col, justify=just, no_wrap=col != "B")
     style = {"B better": "green", "B worse": "red"}
+    prev = None
     for r in ab_rows:
         if keep is not None and r["metric"] not in keep:
             continue
+        group = (r["request_rate"], r["arm_b"])
+        if prev is not None and group != prev:
+            t.add_section()
+        prev = group
         rel = r["rel_diff_pct"]
-        rel_s = "-" if math.isnan(rel) else (
-            f"{rel:+.1f} [{r['rel_ci_low_pct']:+.1f}, {r['rel_ci_high_pct']:+.1f}]"
-            if not math.isnan(r["rel_ci_low_pct"]) else f"{rel:+.1f}")
+        if math.isnan(rel):
+            rel_s = "-"
+        elif math.isnan(r["rel_ci_low_pct"]):
+            rel_s = f"{rel:+.1f}"
+        else:
+            rel_s = f"{rel:+.1f} [{r['rel_ci_low_pct']:+.1f}, {r['rel_ci_high_pct']:+.1f}]"
+        rate = r["request_rate"]
         v = r["verdict"]
-        t.add_row(str(r["request_rate"]) if not isinstance(r["request_rate"], float)
-                  else (f"{r['request_rate']:g}"), f"{r['arm_b']} vs {r['arm_a']}", r["metric"],
-                  _fmt(r["mean_a"]), _fmt(r["mean_b"]), _fmt(r["diff"]),
-                  f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]", rel_s, str(r["n"]),
-                  f"[{style[v]}]{v}[/]" if v in style else v)
+        shown = {NO_DIFF: "n.s.", INSUFFICIENT: "n<2"}.get(v, v)
+        ma = r["mean_a"]
+        t.add_row(f"{rate:g}" if isinstance(rate, float) else str(rate), r["arm_b"],
+                  _short(r["metric"]), _fmt(ma, 0 if abs(ma) >= 100 else 1),
+                  rel_s, f"[{style[v]}]{shown}[/]" if v in style else shown)
     return t

@@ -4,9 +4,9 @@
 Rules:
 
 1. When nothing is running, a batch is formed: waiting requests join FCFS, up to
-   ``max_num_seqs``, each with its whole prompt, all prefilled in the batch's first step
-   (``max_num_batched_tokens`` caps the batch's prompt tokens, except that the first prompt
-   always joins); the first request that does not fit (budget or KV) closes the batch.
+   ``max_num_seqs``, each with its whole prompt, all prefilled in the batch's first step (no
+   token budget: FasterTransformer batches by count; ``max_num_batched_tokens`` is ignored);
+   the first request whose KV does not fit closes the batch.
 2. Then the batch decodes, one token per request per step, until *every* request in it has
    finished; finished requests leave (their KV is freed) but nobody joins until the batch is
    empty. (FasterTransformer also pads the batch to its longest request; the cost model sees
@@ -36,5 +36,5 @@ class StaticBatchScheduler(PolicyScheduler):
         if self.running:
             self._decode_running(out, self.max_num_scheduled_tokens)
         else:
-            self._admit_whole(out, self.max_num_scheduled_tokens)
+            self._admit_whole(out, 1 << 62)
         return self._finish(out)
