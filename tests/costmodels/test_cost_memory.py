@@ -1,0 +1,124 @@
+"""Memory model: num_gpu_blocks as vLLM computes it, capacity errors, log lines."""
+
+from __future__ import annotations
+
+import pytest
+from cmutil import make_cfg
+from servesim.costmodels import plan_memory
+from servesim.costmodels.memory import MemoryCoefficients
+from servesim.simulator.errors import CapacityError, ConfigError
+
+GIB = 2**30
+L8B = ("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb")
+
+
+def test_llama8b_a100_num_gpu_blocks():
+    """Expected value, derived the way vLLM profiles it (A100 defaults: 256 seqs, 2048 tokens):
+
+    total_gpu_memory 79.15 GiB × 0.9            = 71.235 GiB requested
+    − weights (8.03e9 params · 2 B + 32 MiB rope cache)  = 14.989 GiB ("Model loading took 14.99 GiB")
+    − activation peak: max(forward 2048 tok ≈ 0.20 GiB, dummy sampler 256 × 128256 × 14 B
+      ≈ 0.43 GiB)                                = 0.428 GiB
+    − non-torch (cuBLAS workspaces)              = 0.15 GiB
+    = 55.67 GiB of KV cache / (16 tokens × 128 KiB = 2 MiB per block) = 28,502 blocks,
+    i.e. 456,032 tokens, 3.48x concurrency at 131,072 tokens.
+
+    vLLM logs for Llama-3-8B on an 80 GB A100 at 0.9 report ≈ 54–56 GiB of KV cache, i.e.
+    ≈ 27,000–29,000 blocks (the exact figure moves by version with activation profiling).
+    """
+    p = plan_memory(make_cfg(*L8B))
+    assert p.weights_bytes / GIB == pytest.approx(14.99, abs=0.01)
+    assert p.block_bytes == 16 * 131_072
+    assert 27_000 <= p.num_gpu_blocks <= 29_500
+    assert p.num_gpu_blocks == 28_502  # regression pin of the derivation above
+    assert p.kv_cache_tokens == p.num_gpu_blocks * 16
+    assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / (131072 / 16))
+
+
+def test_log_lines_look_like_vllm():
+    lines = plan_memory(make_cfg(*L8B)).log_lines()
+    text = "\n".join(lines)
+    assert "Model loading took 14.98" in text
+    assert "Available KV cache memory: 55.67 GiB" in text
+    assert "GPU KV cache size: 456,032 tokens" in text
+    assert "Maximum concurrency for 131,072 tokens per request: 3.48x" in text
+    assert "# GPU blocks: 28502" in text
+
+
+def test_override_and_utilization():
+    p = plan_memory(make_cfg(*L8B, "cache.num_gpu_blocks_override=1000"))
+    assert p.num_gpu_blocks == 1000 and p.num_gpu_blocks_computed == 28_502
+    assert any("num_gpu_blocks_override=1000" in s for s in p.log_lines())
+    lo = plan_memory(make_cfg(*L8B, "cache.gpu_memory_utilization=0.5"))
+    # fixed costs do not scale with utilization: fewer than half the blocks... of the excess
+    assert lo.num_gpu_blocks < 28_502 / 2 + 8_000
+    assert lo.available_kv_bytes == pytest.approx(
+        int(79.15 * GIB * 0.5) - lo.weights_bytes - lo.activation_peak_bytes
+        - lo.non_torch_bytes, abs=1)
+
+
+def test_fp8_kv_doubles_blocks():
+    p = plan_memory(make_cfg(*L8B, "cache.cache_dtype=fp8"))
+    assert p.num_gpu_blocks == pytest.approx(2 * 28_502, abs=2)
+
+
+def test_70b_on_one_a100_does_not_fit_and_fits_with_tp4():
+    with pytest.raises(CapacityError, match=r"model weights take 131\.\d+ GiB per GPU but only "
+                                            r"71\.\d+ GiB available at "
+                                            r"gpu_memory_utilization=0\.9") as e:
+        plan_memory(make_cfg("model.name=llama-3.1-70b", "hardware.name=a100-sxm4-80gb"))
+    assert "\n" not in str(e.value)
+    p = plan_memory(make_cfg("model.name=llama-3.1-70b", "hardware.name=a100-sxm4-80gb",
+                             "parallel.tensor_parallel_size=4"))
+    assert p.weights_bytes / GIB == pytest.approx(131.45 / 4, rel=0.01)
+    assert p.comm_bytes > 0  # NCCL buffers at TP > 1
+    assert p.kv_bytes_per_token == 327_680 // 4
+    assert p.num_gpu_blocks > 131072 // 16
+
+
+def test_max_model_len_must_fit_in_kv_cache():
+    # 8B weights (15 GiB) on an L4 (22 GiB) leave ~4 GiB: 131,072 tokens need 16 GiB
+    with pytest.raises(CapacityError, match=r"To serve at least one request with the models's "
+                                            r"max seq len \(131072\), \(16\.00 GiB KV cache is "
+                                            r"needed, which is larger than the available KV "
+                                            r"cache memory") as e:
+        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4"))
+    assert "gpu_memory_utilization" in str(e.value) and "max_model_len" in str(e.value)
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4",
+                             "model.max_model_len=16384"))
+    assert p.num_gpu_blocks > 16384 // 16
+
+
+def test_tp_must_divide_heads():
+    with pytest.raises(ConfigError, match="parallel.tensor_parallel_size"):
+        plan_memory(make_cfg(*L8B, "parallel.tensor_parallel_size=3", resolve=False))
+
+
+def test_mla_and_moe_plans():
+    p = plan_memory(make_cfg("model.name=deepseek-v3", "hardware.name=h200-sxm",
+                             "parallel.tensor_parallel_size=8"))
+    assert p.weight_format == "fp8"  # the checkpoint's quantization_config
+    assert p.kv_bytes_per_token == 70_272  # latent replicated on each TP rank
+    assert 70 * GIB < p.weights_bytes < 90 * GIB  # ≈ 671 GB fp8 / 8
+    mx = plan_memory(make_cfg("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+                              "parallel.tensor_parallel_size=2"))
+    assert mx.weights_bytes / GIB == pytest.approx(46.7e9 * 2 / 2 / GIB, rel=0.01)
+
+
+def test_int4_weights_leave_more_kv():
+    a = plan_memory(make_cfg(*L8B))
+    q = plan_memory(make_cfg(*L8B, "model.quantization=int4-awq"))
+    assert q.weights_bytes < 0.45 * a.weights_bytes
+    assert q.num_gpu_blocks > a.num_gpu_blocks
+
+
+def test_cudagraph_pool_can_count_against_kv():
+    cfg = make_cfg(*L8B)
+    a = plan_memory(cfg)
+    from servesim.costmodels.memory import plan_memory as pm
+
+    b = pm(cfg, MemoryCoefficients(cudagraph_in_kv_budget=True))
+    assert a.cudagraph_bytes > 0
+    assert b.num_gpu_blocks < a.num_gpu_blocks
+    eager = plan_memory(make_cfg(*L8B, "model.enforce_eager=true"))
+    assert eager.cudagraph_bytes == 0
