@@ -24,6 +24,13 @@ once, at TP-sharded cost, plus ``pp − 1`` activation handoffs).
 
 Hot path: ``step_seconds`` evaluates from a few sums in O(1); everything that depends only on
 the (padded) token count or the sampled-row count is memoized in dicts.
+
+Simplifications (documented, not hidden): decode attention is costed from Σ context (split-KV
+heuristics by ``decode_context_max`` are not modelled); with a sliding window the decode KV
+read is capped at ``num_decode · window``; FlashAttention's K/V re-reads across query tiles
+are assumed to hit L2; MLA prefill's up-projection of the cached latent context is not
+charged; MoE experts are TP-sharded (no expert parallelism, uniform routing); data
+parallelism does not change a replica's step.
 """
 
 from __future__ import annotations
@@ -71,7 +78,9 @@ class Efficiencies:
     attn_decode_compute: float = 0.50
     attn_decode_memory: float = 0.70  # paged KV gather: below a plain stream
     elementwise_memory: float = 0.70  # norms, rotary, activation, sampler passes
-    kernel_fixed_s: float = 2.0e-6  # GPU-side per-kernel launch latency + tail, seconds
+    # GPU-side per-kernel launch latency + tail (seconds): between the ~1 µs gaps inside a CUDA
+    # graph and aiconfigurator's 3 µs constant; ~330 kernels make it ~0.7 ms of an 8B decode
+    kernel_fixed_s: float = 2.0e-6
 
 
 @dataclass(frozen=True)
@@ -261,9 +270,11 @@ class StepCostModel:
         self._pF = L * pre_fpp / (self.peak * e.attn_prefill_compute)
         self._pBkv = L * kv_tok / (self.bw * e.attn_prefill_memory)
         self._pBr = L * self._pre_rb1 / (self.bw * e.attn_prefill_memory)
-        self._attn_fixed = L * _K_ATTN * e.kernel_fixed_s
         self._cal_dec = cal is not None and cal.decode is not None
         self._cal_pre = cal is not None and cal.prefill is not None
+        # measured attention kernels include their own fixed cost; reshape_and_cache is not
+        n_fixed = _K_ATTN - 1 if (self._cal_dec or self._cal_pre) else _K_ATTN
+        self._attn_fixed = L * n_fixed * e.kernel_fixed_s
         self._attn_prov = cal.label if (self._cal_dec or self._cal_pre) else DEFAULT
         self._dec_eff_cache: dict[tuple[int, int], float] = {}
         self._pre_eff_cache: dict[tuple[int, int], float] = {}
@@ -348,8 +359,7 @@ class StepCostModel:
     def _elementwise(self, name: str, count: int, nbytes: float, kernels: int) -> OpCost:
         """Memory-bound op: bytes / (bw · eff) + kernels · fixed, totals over ``count`` calls."""
         t = nbytes / (self.bw * self._ew_eff) if nbytes else 0.0
-        if self._ew_prov == DEFAULT:
-            t += kernels * self.eff.kernel_fixed_s
+        t += kernels * self.eff.kernel_fixed_s  # memcpy calibration is a 1 GiB copy: no fixed
         return OpCost(name, count, t * count, 0.0, nbytes * count, "memory", self._ew_eff,
                       self._ew_prov)
 
