@@ -19,7 +19,7 @@ profiler measures, documented below, not a measurement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from servesim.costmodels.quant import (
     ACT_BYTES,
@@ -106,6 +106,19 @@ class MemoryPlan:
     @property
     def available_kv_gib(self) -> float:
         return self.available_kv_bytes / GIB
+
+    def as_dict(self) -> dict:
+        """JSON-friendly dict: every field (bytes, tokens) plus the derived figures."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["notes"] = list(self.notes)
+        d.update(
+            kv_cache_tokens=self.kv_cache_tokens,
+            max_concurrency=self.max_concurrency,
+            weights_gib=self.weights_bytes / GIB,
+            available_kv_gib=self.available_kv_gib,
+            total_gib=self.total_bytes / GIB,
+        )
+        return d
 
     def log_lines(self) -> list[str]:
         """The start-up log lines vLLM prints for this plan."""

@@ -35,6 +35,15 @@ def test_llama8b_a100_num_gpu_blocks():
     assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / (131072 / 16))
 
 
+def test_as_dict_is_json_friendly():
+    import json
+
+    d = plan_memory(make_cfg(*L8B)).as_dict()
+    assert d["num_gpu_blocks"] == 28_502 and d["kv_cache_tokens"] == 456_032
+    assert d["kv_bytes_per_token"] == 131_072 and "weights_gib" in d
+    json.dumps(d)
+
+
 def test_log_lines_look_like_vllm():
     lines = plan_memory(make_cfg(*L8B)).log_lines()
     text = "\n".join(lines)
