@@ -11,28 +11,33 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import torch
 from servesim.kernels.calibrate import FLUSH_BYTES, BenchSettings, DecodeShape, PrefillShape
 
+DEVICE = "cuda"  # tests set "cpu" to run the harness under the Triton interpreter
 _flush_buf: torch.Tensor | None = None
 
 
 def _flush() -> None:
     global _flush_buf
     if _flush_buf is None:
-        _flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+        _flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=DEVICE)
     _flush_buf.zero_()
 
 
 def release() -> None:
     """Free cached blocks (after an OOM)."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def bench_times(fn, s: BenchSettings, flush: bool = True) -> list[float]:
     """Per-repeat seconds of ``fn()`` (see module docstring)."""
+    if DEVICE != "cuda":
+        return _cpu_times(fn, s)
     fn()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -58,6 +63,17 @@ def bench_times(fn, s: BenchSettings, flush: bool = True) -> list[float]:
     return [a.elapsed_time(b) / 1e3 for a, b in zip(starts, ends, strict=True)]
 
 
+def _cpu_times(fn, s: BenchSettings) -> list[float]:
+    """Wall-clock fallback (CPU tests of the harness; not calibration data)."""
+    fn()
+    out = []
+    for _ in range(s.min_reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def bench(fn, s: BenchSettings, flush: bool = True) -> float:
     """Median seconds of ``fn()``."""
     return statistics.median(bench_times(fn, s, flush))
@@ -78,7 +94,7 @@ _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.fl
 
 
 def time_memcpy(nbytes: int, s: BenchSettings) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     return bench(lambda: dst.copy_(src), s)
 
@@ -91,7 +107,7 @@ def _weight(n: int, k: int, dt: torch.dtype) -> torch.Tensor:
     key = (n, k, dt)
     if key not in _weights:
         _weights.clear()
-        _weights[key] = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).to(dt)
+        _weights[key] = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16).to(dt)
     return _weights[key]
 
 
@@ -100,11 +116,11 @@ def time_gemm(m: int, n: int, k: int, dtype: str, s: BenchSettings) -> dict:
     from servesim.kernels.gemm import matmul
 
     dt = _DT[dtype]
-    a = torch.randn(m, k, device="cuda").to(dt)
+    a = torch.randn(m, k, device=DEVICE).to(dt)
     w = _weight(n, k, dt)
     b = w.t()
     if dt == torch.float8_e4m3fn:
-        one = torch.ones((), device="cuda")
+        one = torch.ones((), device=DEVICE)
         triton_s = bench(lambda: matmul(a, b, alpha=1.0, out_dtype=torch.bfloat16), s)
         try:
             vendor = lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
@@ -124,10 +140,10 @@ def _paged(lengths: list[int], num_kv_heads: int, head_dim: int, block_size: int
     per = [-(-n // block_size) for n in lengths]
     num_blocks = sum(per)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k = torch.randn(shape, device="cuda", dtype=torch.bfloat16).to(dtype)
-    v = torch.randn(shape, device="cuda", dtype=torch.bfloat16).to(dtype)
-    perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
-    table = torch.zeros(len(lengths), max(per), dtype=torch.int32, device="cuda")
+    k = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16).to(dtype)
+    v = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16).to(dtype)
+    perm = torch.randperm(num_blocks, device=DEVICE, dtype=torch.int32)
+    table = torch.zeros(len(lengths), max(per), dtype=torch.int32, device=DEVICE)
     used = 0
     for i, nb in enumerate(per):
         table[i, :nb] = perm[used:used + nb]
@@ -157,7 +173,8 @@ def _time_sdpa(q, k, v, s: BenchSettings, label: str, **kw):
                 kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
             fn = lambda kk=kk, vv=vv, extra=extra: _sdpa(q, kk, vv, **kw, **extra)
             fn()
-            torch.cuda.synchronize()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
             return bench(fn, s), f"sdpa({label}{', ' + tag if tag else ''})"
         except (RuntimeError, TypeError, NotImplementedError):
             continue
@@ -171,14 +188,14 @@ def time_decode(d: DecodeShape, block_size: int, s: BenchSettings) -> dict:
     dt, kvdt = _DT[d.dtype], _DT[d.kv_dtype]
     lengths = list(d.lengths) or [d.context] * d.batch
     k, v, table = _paged(lengths, d.num_kv_heads, d.head_dim, block_size, kvdt)
-    q = torch.randn(d.batch, d.num_heads, d.head_dim, device="cuda", dtype=dt)
-    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(d.batch, d.num_heads, d.head_dim, device=DEVICE, dtype=dt)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     maxlen = max(lengths)
     triton_s = bench(lambda: paged_decode_attention(q, k, v, table, lens, max_seq_len=maxlen), s)
     vendor_s = impl = None
     if not d.lengths and kvdt == dt:
         k = v = None  # free the paged caches before the vendor copy
-        kc = torch.randn(d.batch, d.num_kv_heads, d.context, d.head_dim, device="cuda", dtype=dt)
+        kc = torch.randn(d.batch, d.num_kv_heads, d.context, d.head_dim, device=DEVICE, dtype=dt)
         vc = torch.randn_like(kc)
         vendor_s, impl = _time_sdpa(q.unsqueeze(2), kc, vc, s, "contiguous kv")
     return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl,
@@ -188,7 +205,7 @@ def time_decode(d: DecodeShape, block_size: int, s: BenchSettings) -> dict:
 def _splits(d: DecodeShape, maxlen: int) -> int:
     from servesim.kernels.paged_attention import choose_num_splits
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
     return choose_num_splits(d.batch, d.num_kv_heads, maxlen, sms)
 
 
@@ -204,13 +221,13 @@ def time_prefill(f: PrefillShape, block_size: int, s: BenchSettings) -> dict:
     dt = _DT[f.dtype]
     L = f.context + f.chunk
     k, v, table = _paged([L] * f.batch, f.num_kv_heads, f.head_dim, block_size, dt)
-    q = torch.randn(f.batch * f.chunk, f.num_heads, f.head_dim, device="cuda", dtype=dt)
-    cu = torch.arange(0, f.batch + 1, dtype=torch.int32, device="cuda") * f.chunk
-    lens = torch.full((f.batch,), L, dtype=torch.int32, device="cuda")
+    q = torch.randn(f.batch * f.chunk, f.num_heads, f.head_dim, device=DEVICE, dtype=dt)
+    cu = torch.arange(0, f.batch + 1, dtype=torch.int32, device=DEVICE) * f.chunk
+    lens = torch.full((f.batch,), L, dtype=torch.int32, device=DEVICE)
     tiles = tile_map(cu, q.shape[0], prefill_block_q(f.num_heads, f.num_kv_heads))
     triton_s = bench(lambda: chunked_prefill_attention(q, k, v, table, cu, lens, tiles=tiles), s)
     k = v = None  # free the paged caches before the vendor copy
-    kc = torch.randn(f.batch, f.num_kv_heads, L, f.head_dim, device="cuda", dtype=dt)
+    kc = torch.randn(f.batch, f.num_kv_heads, L, f.head_dim, device=DEVICE, dtype=dt)
     vc = torch.randn_like(kc)
     q4 = q.view(f.batch, f.chunk, f.num_heads, f.head_dim).transpose(1, 2)
     if f.context == 0:

@@ -604,7 +604,6 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
                     log=print) -> Path:
     """Time every shape of the plan on the current GPU and write the calibration file."""
     require_gpu()
-    from servesim.kernels import bench as B
     from servesim.kernels.gemm import fp8_supported
 
     fp8 = fp8_supported()
@@ -615,7 +614,16 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
     log(f"calibrating {gpu} on {fpr['device_name']} ({plan.mode}): {len(plan.gemm)} GEMM, "
         f"{len(plan.decode)} decode, {len(plan.prefill)} prefill shapes")
     doc = new_document(gpu, fpr, plan.peaks)
-    settings = BENCH_QUICK if quick else BENCH_FULL
+    measure_plan(plan, doc, BENCH_QUICK if quick else BENCH_FULL, progress=progress)
+    if doc.get("skipped"):
+        log(f"skipped {len(doc['skipped'])} shapes (listed under 'skipped' in the file)")
+    return write_calibration(doc, output)
+
+
+def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=None) -> dict:
+    """Time every shape of ``plan`` and append rows to ``doc`` (failed shapes -> 'skipped')."""
+    from servesim.kernels import bench as B
+
     total = len(plan.memcpy) + len(plan.gemm) + len(plan.decode) + len(plan.prefill)
     skipped: list[str] = []
     advance = progress(total) if progress else (lambda: None)
@@ -661,5 +669,4 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
                 "head_dim": f.head_dim, "dtype": f.dtype, "flops": fl, "bytes": by, **r})
     if skipped:
         doc["skipped"] = skipped
-        log(f"skipped {len(skipped)} shapes (listed under 'skipped' in the file)")
-    return write_calibration(doc, output)
+    return doc

@@ -148,3 +148,39 @@ def test_cli_requires_gpu_name_and_known_gpu(capsys):
     assert code == 2 and "--gpu NAME is required" in err
     code, _, err = _run_main(["calibrate", "--gpu", "no-such-gpu", "--dry-run"], capsys)
     assert code == 2 and "no-such-gpu" in err and err.count("\n") == 1
+
+
+def test_harness_end_to_end_on_cpu(tmp_path, monkeypatch):
+    """The measuring loop and row building, on tiny shapes with the interpreter and a wall
+    clock (bench.DEVICE = "cpu"): exercises the code a GPU run uses, times are meaningless."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from servesim.kernels import bench as B
+
+    monkeypatch.setattr(B, "DEVICE", "cpu")
+    plan = C.Plan(gpu="h100-sxm", mode="quick", peaks=C.FALLBACK_PEAKS["h100-sxm"], models=[])
+    plan.memcpy = [2**20]
+    plan.gemm = [C.GemmShape(3, 48, 64, "bfloat16", "qkv"), C.GemmShape(80, 40, 32, "float32", "o")]
+    plan.decode = [C.DecodeShape(2, 40, 40, 4, 2, 16, "bfloat16", "bfloat16"),
+                   C.DecodeShape(2, 25, 40, 4, 1, 16, "float32", "float32", (10, 40))]
+    plan.prefill = [C.PrefillShape(1, 20, 10, 4, 2, 16, "float32")]
+    doc = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
+    ticks = []
+    C.measure_plan(plan, doc, C.BenchSettings(0.0, 0.0, 1, 1),
+                   progress=lambda total: lambda: ticks.append(total))
+    assert "skipped" not in doc, doc.get("skipped")
+    assert len(ticks) == 6
+    assert [len(doc[k]) for k in ("memcpy", "gemm", "decode_attention", "prefill_attention")] \
+        == [1, 2, 2, 1]
+    assert doc["decode_attention"][1]["vendor_s"] is None  # mixed lengths: no dense vendor path
+    assert doc["gemm"][0]["vendor_impl"] == "torch.matmul"
+    C.write_calibration(doc, tmp_path / "cpu.yaml")
+
+
+def test_cost_model_reader_accepts_the_writer_output():
+    """Contract with costmodels/calibration.py (skipped if that reader is not there)."""
+    cal = pytest.importorskip("servesim.costmodels.calibration")
+    doc = C.read_calibration(FIXTURE)
+    c = cal.Calibration(FIXTURE, doc)
+    assert c.decode_eff(16, 4096) == pytest.approx(0.75)
+    assert c.prefill_eff(2048, 0) == pytest.approx(0.6)  # the faster (vendor) of the two
