@@ -10,7 +10,7 @@ Entry point for the simulator::
 Iteration is lazy (generators) and repeatable: each ``iter(wl)`` restarts from the file or the
 seed and gives the same requests. Counters in ``meta`` (``too_long``, ``clamped``,
 ``rejected``, ``skipped_bad_rows``, ``dropped_failed``, ``num_requests``) are final once an
-iteration has finished.
+iteration has finished; a ``num_prompts`` unknown up front (traces, sessions) is filled in then.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class Workload:
             n += 1
             yield r
         self.meta["num_requests"] = n
+        if self.meta.get("num_prompts") is None:
+            self.meta["num_prompts"] = n
 
 
 def _limited(gen_factory, cfg, block_size, max_model_len):
