@@ -182,9 +182,12 @@ def _kv_bytes(tokens: int, kv_heads: int, head_dim: int, elem: int = 2) -> int:
 
 
 def build_plan(gpu: str, quick: bool = False, *, models_dir: Path | None = None,
-               hardware_dir: Path | None = None, fp8: bool = False) -> Plan:
-    """All shapes to time. ``fp8`` adds fp8 GEMM / fp8-KV rows (decided on the GPU)."""
+               hardware_dir: Path | None = None, fp8: bool | None = None) -> Plan:
+    """All shapes to time. ``fp8`` adds fp8 GEMM / fp8-KV rows in full mode (the GPU run
+    decides by compute capability; None = the catalog lists an fp8 peak)."""
     peaks = load_peaks(gpu, hardware_dir or CONFIGS_DIR / "hardware")
+    if fp8 is None:
+        fp8 = bool(peaks.get("fp8_tflops"))
     models, note = load_models(models_dir or CONFIGS_DIR / "models")
     plan = Plan(gpu=gpu, mode="quick" if quick else "full", peaks=peaks, models=sorted(models))
     if note:
@@ -400,8 +403,8 @@ def format_plan(plan: Plan, est: dict[str, dict]) -> str:
                  f"{tot:>8.0f}s  (~{tot / 60:.1f} min)")
     lines.append(f"estimate assumes kernels at {EST_EFF_FLOPS:.0%} of peak FLOP/s or "
                  f"{EST_EFF_BW:.0%} of peak bandwidth, a cold Triton cache ({COMPILE_S} s per "
-                 "kernel variant) and the L2-flushed benchmark loop; fp8 rows are added on "
-                 "GPUs with compute capability >= 8.9 in full mode")
+                 "kernel variant) and the L2-flushed benchmark loop; fp8 GEMM / fp8-KV rows "
+                 "(full mode) run only on GPUs with compute capability >= 8.9")
     return "\n".join(lines)
 
 
