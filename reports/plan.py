@@ -622,7 +622,11 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
         cfg = resolve_config(cfg)
     except ImportError:
         pass
-    res = run_experiment(cfg)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = run_experiment(cfg)
     plan_slo = PlanSLO.model_validate(slo)
     m = point_metrics(res.requests, plan_slo, duration_s=res.duration_s,
                       num_preemptions=res.counters.get("num_preemptions", 0.0))
@@ -630,7 +634,8 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
     m["max_num_requests_running"] = _max_of(res.steps.get("vllm:num_requests_running"))
     m["num_gpu_blocks"] = res.counters.get("num_gpu_blocks", math.nan)
     m.update(request_rate=float(rate), seed=int(seed), candidate=cand,
-             sim_wall_s=time.perf_counter() - wall0)
+             sim_wall_s=time.perf_counter() - wall0,
+             warnings=sorted({f"{w.category.__name__}: {w.message}" for w in caught}))
     try:
         from servesim.reports.bench_result import compute_bench_result
 
@@ -1036,10 +1041,12 @@ def summarize_plan(spec: PlanSpec, cands: list[Candidate], prices: dict[str, dic
         rec["recommended"] = True
     rows.sort(key=lambda r: (not _usable(r), r["rank"] if _usable(r) else 0,
                              not r["fits"], r["candidate"]))
-    points = [dict(p) for c in cands for p in c.points]
+    notes = sorted({w for c in cands for p in c.points for w in (p.get("warnings") or [])})
+    points = [{k: v for k, v in p.items() if k != "warnings"} for c in cands for p in c.points]
     for c in cands:
         if c.confirm is not None:
-            points.append({**c.confirm, "candidate": c.name, "operating_point": True})
+            points.append({**{k: v for k, v in c.confirm.items() if k != "warnings"},
+                           "candidate": c.name, "operating_point": True})
     return {
         "name": spec.name,
         "target_request_rate": spec.target_request_rate,
@@ -1052,6 +1059,7 @@ def summarize_plan(spec: PlanSpec, cands: list[Candidate], prices: dict[str, dic
         "candidates": rows,
         "recommended": rec["candidate"] if rec else None,
         "points": points,
+        "notes": notes,
         "workload": get_path(cands[0].tree, "workload", {}) if cands else {},
     }
 

@@ -576,6 +576,9 @@ def plan_report(d: Path) -> Report:
             f"{len(pts)} simulated points")
     if plan.get("wall_seconds"):
         meta += f" in {plan['wall_seconds']:.0f} s wall time ({plan.get('jobs')} jobs)"
-    secs.append(Section("Method", [meta + "."]))
+    items: list = [meta + "."]
+    if plan.get("notes"):
+        items.append("Simulator notes: " + " | ".join(plan["notes"]))
+    secs.append(Section("Method", items))
     return Report(f"servesim capacity plan: {plan.get('name', d.name)}", plan_summary(plan),
                   secs)
