@@ -218,3 +218,60 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         tree = apply_overrides(tree, overrides)
         source += " (with --set overrides)"
     return validate_tree(tree, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution: vLLM's hardware- and model-dependent defaults
+
+
+def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Fill the defaults vLLM derives at start-up; return a new, fully concrete config.
+
+    - ``model.max_model_len``: the model's ``max_position_embeddings`` (vLLM's default); a
+      larger value is refused, like vLLM without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
+    - ``scheduler.max_num_seqs`` / ``max_num_batched_tokens``: ``vllm serve`` defaults — 1024 /
+      8192 on GPUs with >= 70 GiB that are not A100s (H100, H200, MI300X, B200), else 256 / 2048
+      (ecosystem-formats.md §3). Without chunked prefill the budget is at least max_model_len.
+    """
+    from servesim.costmodels import load_hardware_spec, load_model_spec
+
+    hw = load_hardware_spec(cfg.hardware)
+    spec = load_model_spec(cfg.model)
+    c = cfg.model_copy(deep=True)
+    mpe = spec.max_position_embeddings
+    if c.model.max_model_len is None:
+        c.model.max_model_len = mpe
+    elif c.model.max_model_len > mpe:
+        raise ConfigError(
+            f"model.max_model_len: {c.model.max_model_len} is larger than the model's "
+            f"max_position_embeddings ({mpe})")
+    big = hw.memory_gib >= 70 and "a100" not in hw.name.lower()
+    s = c.scheduler
+    if s.max_num_seqs is None:
+        s.max_num_seqs = 1024 if big else 256
+    if s.max_num_batched_tokens is None:
+        s.max_num_batched_tokens = 8192 if big else 2048
+        if not s.enable_chunked_prefill:
+            s.max_num_batched_tokens = max(s.max_num_batched_tokens, c.model.max_model_len)
+    if s.max_num_batched_tokens < s.max_num_seqs:
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}) must be greater "
+            f"than or equal to max_num_seqs ({s.max_num_seqs})")
+    if not s.enable_chunked_prefill and s.max_num_batched_tokens < c.model.max_model_len:
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}) is smaller than "
+            f"max_model_len ({c.model.max_model_len}) while enable_chunked_prefill is false: "
+            "a long prompt could never be scheduled")
+    heads = spec.num_attention_heads
+    tp = c.parallel.tensor_parallel_size
+    if heads % tp:
+        raise ConfigError(
+            f"parallel.tensor_parallel_size: {tp} does not divide the model's "
+            f"num_attention_heads ({heads})")
+    if spec.num_hidden_layers < c.parallel.pipeline_parallel_size:
+        raise ConfigError(
+            f"parallel.pipeline_parallel_size: {c.parallel.pipeline_parallel_size} is larger "
+            f"than the number of layers ({spec.num_hidden_layers})")
+    if c.compilation.max_cudagraph_capture_size is None:
+        c.compilation.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
+    return c

@@ -239,9 +239,9 @@ class KVCacheManager:
         if need_tokens > self.max_model_len:
             need_tokens = self.max_model_len
         num_new_blocks = -(-need_tokens // bs) - len(blocks) - len(hits)
-        if hits:
-            num_new_blocks += sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null)
-        if num_new_blocks > len(pool.free_block_queue._q):
+        # Hit blocks sitting in the free queue leave it when touched: they count too.
+        evictable = sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null) if hits else 0
+        if num_new_blocks + evictable > len(pool.free_block_queue._q):
             return None
         if hits:
             pool.touch(hits)

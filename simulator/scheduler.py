@@ -477,7 +477,8 @@ class Scheduler:
         # Requests now exactly one token behind join the decode group.
         if self.fast_path:
             if out.fast:
-                joined = [r for r in self._partials if r.num_tokens - r.num_computed_tokens == 1]
+                joined = [r for r in self._partials
+                          if r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens]
                 if joined:
                     for r in joined:
                         self._join(r)
@@ -485,7 +486,9 @@ class Scheduler:
             else:
                 partials = []
                 for r in self.running:
-                    if r.num_tokens - r.num_computed_tokens == 1:
+                    # Members emit non-first tokens only: a request whose last prefill chunk
+                    # is one token long stays explicit until its first token is out.
+                    if r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens:
                         self._join(r)
                     else:
                         partials.append(r)
@@ -498,4 +501,6 @@ def _by_index(r: Request) -> int:
 
 
 def _priority_key(r: Request) -> tuple:
-    return (r.priority, r.arrival_time)
+    # vLLM: max(running, key=(priority, arrival_time)). Real arrival timestamps never tie;
+    # simulated ones can (request_rate: inf), so send order breaks ties, as time would.
+    return (r.priority, r.arrival_time, r.index)
