@@ -81,8 +81,9 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        # hash -> {block_id: block}; several blocks may hold the same content (no dedup).
-        self.cached_block_hash_to_block: dict[int, dict[int, KVCacheBlock]] = {}
+        # hash -> block, or {block_id: block} when several blocks hold the same content
+        # (vLLM's BlockHashToBlockMap: no dedup, so block ids stay stable).
+        self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.num_evictions = 0
@@ -95,34 +96,52 @@ class BlockPool:
         return 1.0 - len(self.free_block_queue._q) / (self.num_gpu_blocks - 1)
 
     def get_cached_block(self, block_hash: int) -> Optional[KVCacheBlock]:
-        blocks = self.cached_block_hash_to_block.get(block_hash)
-        if not blocks:
-            return None
-        return next(iter(blocks.values()))
+        v = self.cached_block_hash_to_block.get(block_hash)
+        if v is None or type(v) is KVCacheBlock:
+            return v
+        return next(iter(v.values()))
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the free queue front, evicting their cached hashes."""
-        if num_blocks > len(self.free_block_queue._q):
+        q = self.free_block_queue._q
+        if num_blocks > len(q):
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        ret = self.free_block_queue.popleft_n(num_blocks)
+        pop = q.popitem
+        ret = [pop(False)[1] for _ in range(num_blocks)]
         if self.enable_caching:
+            index = self.cached_block_hash_to_block
             for block in ret:
-                if block.block_hash is not None:
-                    self._evict(block)
+                h = block.block_hash
+                if h is not None:  # _maybe_evict_cached_block, inlined (hot path)
+                    v = index.get(h)
+                    if v is block:
+                        del index[h]
+                    elif v is not None:
+                        self._evict_from_entry(block, h, v)
+                    block.block_hash = None
+                    self.num_evictions += 1
                 block.ref_cnt += 1
         else:
             for block in ret:
                 block.ref_cnt += 1
         return ret
 
+    def _evict_from_entry(self, block: KVCacheBlock, h: int, v) -> None:
+        if type(v) is dict:
+            v.pop(block.block_id, None)
+            if len(v) == 1:
+                self.cached_block_hash_to_block[h] = next(iter(v.values()))
+            elif not v:
+                del self.cached_block_hash_to_block[h]
+
     def _evict(self, block: KVCacheBlock) -> None:
         """vLLM ``_maybe_evict_cached_block``: drop the block from the hash index."""
         h = block.block_hash
-        entry = self.cached_block_hash_to_block.get(h)
-        if entry is not None:
-            entry.pop(block.block_id, None)
-            if not entry:
-                del self.cached_block_hash_to_block[h]
+        v = self.cached_block_hash_to_block.get(h)
+        if v is block:
+            del self.cached_block_hash_to_block[h]
+        elif v is not None:
+            self._evict_from_entry(block, h, v)
         block.block_hash = None
         self.num_evictions += 1
 
@@ -139,24 +158,34 @@ class BlockPool:
         q = self.free_block_queue._q
         for block in ordered_blocks:
             block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
+            if not block.ref_cnt:
                 q[block.block_id] = block
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[int],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Index ``blocks[num_cached_blocks:num_full_blocks]`` under their content hashes."""
+                          num_cached_blocks: int, num_full_blocks: int,
+                          num_shared: int | None = None) -> None:
+        """Mark ``blocks[num_cached_blocks:num_full_blocks]`` cached under their hashes.
+
+        Blocks ``i < num_shared`` (content another request can hold: workload prefix ids,
+        token ids) go into the hash index. Content unique to the request can only ever be hit
+        by the request itself after a preemption; such blocks keep their hash on the block and
+        are found through the request's previous block table (``KVCacheManager``) — the same
+        hits vLLM's index would give, without indexing millions of never-shared blocks.
+        """
         index = self.cached_block_hash_to_block
+        end_shared = num_full_blocks if num_shared is None else min(num_shared, num_full_blocks)
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
-            if blk.is_null:
-                continue
             h = block_hashes[i]
             blk.block_hash = h
-            entry = index.get(h)
-            if entry is None:
-                index[h] = {blk.block_id: blk}
-            else:
-                entry[blk.block_id] = blk
+            if i < end_shared:
+                v = index.get(h)
+                if v is None:
+                    index[h] = blk
+                elif type(v) is dict:
+                    v[blk.block_id] = blk
+                else:
+                    index[h] = {v.block_id: v, blk.block_id: blk}
 
 
 class PrefixCacheStats:
@@ -209,13 +238,24 @@ class KVCacheManager:
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
         hashes = request.ensure_block_hashes(max_blocks, bs)
-        index = self.block_pool.cached_block_hash_to_block
+        n_shared = request.num_shared_blocks(bs)
+        pool = self.block_pool
+        index = pool.cached_block_hash_to_block
         computed: list[KVCacheBlock] = []
-        for i in range(max_blocks):
-            entry = index.get(hashes[i])
-            if not entry:
+        for i in range(min(max_blocks, n_shared)):
+            v = index.get(hashes[i])
+            if v is None:
                 break
-            computed.append(next(iter(entry.values())))
+            computed.append(v if type(v) is KVCacheBlock else next(iter(v.values())))
+        else:
+            # Past the shareable prefix, only this request's own earlier blocks can match
+            # (it was preempted): those that still hold their content are hits.
+            prev = request.prev_blocks
+            for i in range(len(computed), min(max_blocks, len(prev))):
+                blk = prev[i]
+                if blk.block_hash != hashes[i]:
+                    break
+                computed.append(blk)
         num_hit = len(computed) * bs
         self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
         return computed, num_hit
@@ -258,7 +298,8 @@ class KVCacheManager:
             num_full = num_tokens_to_cache // bs
             if num_full > request.num_cached_blocks:
                 hashes = request.ensure_block_hashes(num_full, bs)
-                pool.cache_full_blocks(blocks, hashes, request.num_cached_blocks, num_full)
+                pool.cache_full_blocks(blocks, hashes, request.num_cached_blocks, num_full,
+                                       request.num_shared_blocks(bs))
                 request.num_cached_blocks = num_full
         return new_blocks
 
@@ -267,6 +308,7 @@ class KVCacheManager:
         blocks = request.blocks
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
+        request.prev_blocks = blocks  # for its own prefix hits if it was preempted
         request.blocks = []
         request.num_cached_blocks = 0
 

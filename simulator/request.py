@@ -64,7 +64,7 @@ class Request:
         "status", "blocks", "num_cached_blocks", "block_hashes", "num_cached_tokens",
         "num_preemptions", "first_scheduled_time", "first_token_time", "last_token_time",
         "finish_time", "prefix_block_ids", "prompt_token_ids", "root_hash", "spec",
-        "error", "d_mark", "d_computed",
+        "error", "d_mark", "d_computed", "prev_blocks", "_n_shared",
     )
 
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
@@ -98,33 +98,52 @@ class Request:
         self.prompt_token_ids = spec.prompt_token_ids
         self.root_hash = hash((stable_int(spec.lora), stable_int(spec.cache_salt)))
         self.error = ""
+        self.prev_blocks: list = []
+        self._n_shared = -1
         # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
         self.d_mark = -1
         self.d_computed = 0
 
     # -- prefix-cache content ------------------------------------------------------------------
+    def num_shared_blocks(self, block_size: int) -> int:
+        """Leading blocks whose content another request may hold (workload prefix ids, or the
+        prompt's full blocks when token ids are known); the rest are unique to the request."""
+        n = self._n_shared
+        if n < 0:
+            n = len(self.prefix_block_ids)
+            if self.prompt_token_ids is not None:
+                n = max(n, self.prompt_len // block_size)
+            self._n_shared = n
+        return n
+
     def ensure_block_hashes(self, num_full_blocks: int, block_size: int) -> list[int]:
-        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks."""
+        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks.
+
+        Shareable blocks chain ``hash((parent_hash, content))`` from a root that folds in the
+        LoRA id and cache salt (vLLM's extra keys). Blocks of content unique to this request
+        get distinct negative ids ``~(index << 32 | i)`` (no other request can match them).
+        """
         hashes = self.block_hashes
         i = len(hashes)
         if i >= num_full_blocks:
             return hashes
-        parent = hashes[-1] if hashes else self.root_hash
-        ids = self.prefix_block_ids
-        n_ids = len(ids)
-        toks = self.prompt_token_ids
-        prompt_blocks = self.prompt_len // block_size if toks is not None else 0
-        uid = self.index
-        while i < num_full_blocks:
-            if i < n_ids:
-                key = ids[i]
-            elif i < prompt_blocks:
-                key = tuple(toks[i * block_size:(i + 1) * block_size])
-            else:
-                key = (-1, uid, i)
-            parent = hash((parent, key))
-            hashes.append(parent)
-            i += 1
+        n_shared = self.num_shared_blocks(block_size)
+        if i < n_shared:
+            parent = hashes[-1] if hashes else self.root_hash
+            ids = self.prefix_block_ids
+            n_ids = len(ids)
+            toks = self.prompt_token_ids
+            while i < num_full_blocks and i < n_shared:
+                if i < n_ids:
+                    key = ids[i]
+                else:
+                    key = tuple(toks[i * block_size:(i + 1) * block_size])
+                parent = hash((parent, key))
+                hashes.append(parent)
+                i += 1
+        if i < num_full_blocks:
+            base = self.index << 32
+            hashes.extend([~(base | j) for j in range(i, num_full_blocks)])
         return hashes
 
     @property

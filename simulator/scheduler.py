@@ -297,8 +297,8 @@ class Scheduler:
         pool = kv.block_pool
         if bucket:
             members = sorted(bucket, key=_by_index) if len(bucket) > 1 else bucket
-            for r in members:
-                r.blocks.append(pool.get_new_blocks(1)[0])
+            for r, blk in zip(members, pool.get_new_blocks(len(bucket))):
+                r.blocks.append(blk)
         cache = self._cache_buckets[k % self.block_size]
         if cache and kv.enable_caching:
             bs = self.block_size
@@ -306,7 +306,8 @@ class Scheduler:
                 num_full = (r.d_computed + k - r.d_mark + 1) // bs
                 if num_full > r.num_cached_blocks:
                     hashes = r.ensure_block_hashes(num_full, bs)
-                    pool.cache_full_blocks(r.blocks, hashes, r.num_cached_blocks, num_full)
+                    pool.cache_full_blocks(r.blocks, hashes, r.num_cached_blocks, num_full,
+                                           r.num_shared_blocks(bs))
                     r.num_cached_blocks = num_full
         out.num_group = n_group
         total = n_group
