@@ -97,9 +97,10 @@ def _print_plan(res: dict, output: Path, quiet: bool) -> None:
     if not quiet:
         t = Table(title=f"plan {res['name']}: {res['target_request_rate']:g} req/s, "
                         f"{res['slo_text']}")
-        for c in ("rank", "candidate", "capacity req/s (95% CI)", "replicas", "GPUs", "$/h",
-                  "$/1M out tok", "% of knee", "note"):
-            t.add_column(c, justify="left" if c in ("candidate", "note") else "right")
+        for c in ("#", "candidate", "req/s per replica (95% CI)", "repl", "GPUs", "$/h",
+                  "$/1M", "knee", "note"):
+            t.add_column(c, justify="left" if c in ("candidate", "note") else "right",
+                         no_wrap=c in ("candidate", "req/s per replica (95% CI)"))
         for r in res["candidates"]:
             def g(k, fmt="{:.3g}", r=r):
                 v = r.get(k)
@@ -107,12 +108,18 @@ def _print_plan(res: dict, output: Path, quiet: bool) -> None:
                     fmt.format(v)
             cap = (f"{g('capacity_rps')} ({g('ci_low')}–{g('ci_high')})"
                    if r.get("fits") and r.get("capacity_rps") else "")
-            note = r.get("reason") or r.get("warning") or ""
+            note = ("skipped" if not r.get("fits") else "no capacity" if not cap else
+                    "warning" if r.get("warning") else "")
             t.add_row(g("rank", "{:.0f}"), ("* " if r.get("recommended") else "") +
                       r["candidate"], cap, g("replicas", "{:.0f}"), g("gpus", "{:.0f}"),
                       g("usd_per_hour", "{:.2f}"), g("usd_per_1m_output_tokens", "{:.3f}"),
-                      g("utilization_of_knee", "{:.0%}"), note[:70])
+                      g("utilization_of_knee", "{:.0%}"), note)
         console.print(t)
+        for r in res["candidates"]:
+            why = r.get("reason") if not r.get("fits") or not r.get("capacity_rps") else \
+                r.get("warning")
+            if why and isinstance(why, str):
+                console.print(f"  {r['candidate']}: {why}", highlight=False)
     console.print(plan_summary(res).replace("**", ""), highlight=False)
     console.print(f"wrote {output}/plan.csv, plan.json, report.md, report.html "
                   f"({res['wall_seconds']:.0f} s)", highlight=False)

@@ -37,8 +37,9 @@ class Figure:
     png: bytes
 
 
-def _finish(fig, name: str, title: str, caption: str) -> Figure:
-    fig.tight_layout()
+def _finish(fig, name: str, title: str, caption: str, layout: bool = True) -> Figure:
+    if layout:
+        fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
@@ -123,13 +124,16 @@ def latency_vs_rate(pts: pd.DataFrame, group: str, slo: dict | None = None,
         ax.grid(alpha=0.3)
     h, lab = axes[0].get_legend_handles_labels()
     if h:
+        nrow = math.ceil(len(h) / 4)
         fig.legend(h, lab, loc="upper center", ncol=min(4, len(h)), fontsize=7,
                    bbox_to_anchor=(0.5, 1.0))
-        fig.subplots_adjust(top=0.8)
-    fig.tight_layout(rect=(0, 0, 1, 0.86 if h else 1))
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.055 * nrow))
+    else:
+        fig.tight_layout()
     return _finish(fig, "latency_vs_rate", "Latency percentiles vs request rate",
                    "Read where each P99 line crosses the red SLO line: the rate there is the "
-                   "most that configuration sustains; dotted verticals mark the found knees.")
+                   "most that configuration sustains; dotted verticals mark the found knees.",
+                   layout=False)
 
 
 def throughput_vs_rate(pts: pd.DataFrame, group: str, knees: dict | None = None) -> Figure:
