@@ -114,7 +114,7 @@ def latency_vs_rate(pts: pd.DataFrame, group: str, slo: dict | None = None,
                            linewidth=1)
         thr = slo.get(f"{key}_ms")
         if thr:
-            ax.axhline(thr, **SLO_STYLE, label=f"SLO {thr:g} ms")
+            ax.axhline(thr, **SLO_STYLE, label="SLO threshold")
         if not any_line:
             _empty(ax, f"{label} percentiles")
         elif ax.get_ylim()[1] / max(ax.get_ylim()[0], 1e-3) > 100:

@@ -305,38 +305,54 @@ _RUN_RE = re.compile(r"run=(\d+)\.json$")
 
 
 def load_sweep_points(d: Path) -> pd.DataFrame:
-    """One row per ``run=<i>.json`` (vLLM bench keys + ``arm``, ``bench``, ``run``)."""
-    rows = []
-    for p in sorted(d.glob("**/run=*.json")):
-        if "points" in p.parts[len(d.parts):-2] and (d / "plan.json").is_file():
-            continue
-        m = _RUN_RE.search(p.name)
-        j = _load_json(p)
-        flat = {k: v for k, v in j.items() if not isinstance(v, (list, dict))}
-        parent = p.parent.name
-        arm, bench = parent, ""
-        if parent.startswith("SERVE-") and "-BENCH-" in parent:
-            arm, bench = parent[len("SERVE-"):].rsplit("-BENCH-", 1)
-        elif parent.startswith("SERVE-"):
-            arm = parent[len("SERVE-"):]
-        flat.update(arm=arm, bench=bench, run=int(m.group(1)) if m else 0,
-                    experiment=p.parent.parent.name)
-        rows.append(flat)
-    df = pd.DataFrame(rows)
-    if len(df) == 0 and (d / "summary.csv").is_file():
-        df = pd.read_csv(d / "summary.csv")
-        if "arm" not in df:
-            for c in ("serve", "serve_name", "arm_name", "label"):
-                if c in df:
-                    df["arm"] = df[c]
-                    break
-            else:
-                df["arm"] = "all"
-        if "run" not in df:
-            df["run"] = df.get("run_number", 0)
+    """One row per run (vLLM bench keys + ``arm``, ``run``, ``experiment``).
+
+    Prefers the sweep's ``summary.csv`` (``d/summary.csv`` or ``d/*/summary.csv``: arms in the
+    sweep file's order); otherwise reads every ``SERVE-<arm>-BENCH-<x>/run=<i>.json``."""
+    summaries = [d / "summary.csv"] if (d / "summary.csv").is_file() else sorted(
+        d.glob("*/summary.csv"))
+    frames = []
+    for sp in summaries:
+        f = pd.read_csv(sp)
+        if "arm" not in f:
+            f["arm"] = f.get("label", "all")
+        f["run"] = f["seed"] if "seed" in f else f.get("run_number", 0)
+        f["experiment"] = sp.parent.name
+        frames.append(f)
+    if frames:
+        df = pd.concat(frames, ignore_index=True)
+    else:
+        rows = []
+        for p in sorted(d.glob("**/run=*.json")):
+            m = _RUN_RE.search(p.name)
+            j = _load_json(p)
+            flat = {k: v for k, v in j.items() if not isinstance(v, (list, dict))}
+            parent = p.parent.name
+            arm = str(j.get("arm", parent))
+            if "arm" not in j and parent.startswith("SERVE-"):
+                arm = parent[len("SERVE-"):].rsplit("-BENCH-", 1)[0]
+            flat.update(arm=arm, run=int(m.group(1)) if m else 0,
+                        experiment=p.parent.parent.name)
+            rows.append(flat)
+        df = pd.DataFrame(rows)
     if len(df) and "request_rate" in df:
-        df["request_rate"] = pd.to_numeric(df["request_rate"], errors="coerce")
+        df["request_rate"] = pd.to_numeric(df["request_rate"].replace("inf", np.inf),
+                                           errors="coerce")
+    if len(df) and df["experiment"].nunique() > 1:  # several experiments: keep arms apart
+        df["arm"] = df["experiment"].astype(str) + "/" + df["arm"].astype(str)
     return df
+
+
+def _sweep_baseline(d: Path) -> str | None:
+    """The A/B baseline the sweep itself used (first ``arm_a`` of its ab.csv), if any."""
+    abs_ = [d / "ab.csv"] if (d / "ab.csv").is_file() else sorted(d.glob("*/ab.csv"))
+    if len(abs_) != 1:
+        return None
+    try:
+        a = pd.read_csv(abs_[0], usecols=["arm_a"], nrows=1)
+    except (ValueError, OSError):
+        return None
+    return str(a["arm_a"].iloc[0]) if len(a) else None
 
 
 AB_METRICS = ("p99_ttft_ms", "p99_tpot_ms", "p99_e2el_ms", "output_throughput",
@@ -350,6 +366,8 @@ def paired_ab(df: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
 
     if len(df) == 0 or "arm" not in df or df["arm"].nunique() < 2:
         return pd.DataFrame()
+    if baseline not in set(df["arm"]):
+        baseline = None
     cols = [c for c in ("arm", "request_rate", "run", *AB_METRICS) if c in df]
     rows = _paired_ab(df[cols].to_dict("records"), baseline=baseline, metrics=AB_METRICS,
                       seed_key="run")
@@ -381,7 +399,7 @@ def sweep_report(d: Path) -> Report:
         for col in (f"slo_{k}_ms", f"goodput_{k}_ms"):
             if col in pts and pts[col].notna().any():
                 slo[f"{k}_ms"] = float(pts[col].dropna().iloc[0])
-    ab = paired_ab(pts)
+    ab = paired_ab(pts, baseline=_sweep_baseline(d))
     arms = list(dict.fromkeys(pts["arm"]))
     rates = sorted(pts["request_rate"].dropna().unique())
     if len(ab):
@@ -398,8 +416,12 @@ def sweep_report(d: Path) -> Report:
                                  f"[{r.ci_low_pct:+.1f}, {r.ci_high_pct:+.1f}] at "
                                  f"{r.request_rate:g} req/s" for r in top.itertuples())
 
-            verdict = (f"**{comp}: better on {len(better)} and worse on {len(worse)} of "
-                       f"{len(g)} paired (metric, rate) comparisons**")
+            if len(s) == 0:
+                verdict = (f"**{comp}: no significant difference** in any of {len(g)} paired "
+                           "(metric, rate) comparisons")
+            else:
+                verdict = (f"**{comp}: better on {len(better)} and worse on {len(worse)} of "
+                           f"{len(g)} paired (metric, rate) comparisons**")
             if len(better):
                 verdict += f"; largest gains {_desc(better)}"
             if len(worse):

@@ -61,3 +61,21 @@ def test_plan_report(plan_dir):
 def test_not_a_results_folder(tmp_path):
     with pytest.raises(ServesimError, match="not a results folder"):
         detect_kind(tmp_path)
+
+
+def test_sweep_report_from_summary_csv_uses_the_sweeps_baseline(sweep_dir):
+    import json
+
+    import pandas as pd
+
+    exp = sweep_dir / "ab"
+    rows = [json.loads(p.read_text()) for p in sorted(exp.glob("*/run=*.json"))]
+    df = pd.DataFrame(rows)
+    df = pd.concat([df[df.arm == "sarathi"], df[df.arm == "fcfs"]])  # spec order
+    df.to_csv(exp / "summary.csv", index=False)
+    (exp / "ab.csv").write_text("request_rate,metric,arm_a,arm_b\n4,p99_ttft_ms,sarathi,fcfs\n")
+    for p in exp.glob("*/run=*.json"):
+        p.unlink()  # the summary alone must do
+    md, _ = write_report(exp)
+    first = md.read_text().split("\n\n")[1]
+    assert first.startswith("**fcfs vs sarathi")
