@@ -115,12 +115,12 @@ class _WaitingQueue:
 
 
 class Scheduler:
-    """vLLM V1 ``Scheduler`` for ``policy`` fcfs or priority."""
+    """vLLM V1 ``Scheduler``: ``policy == "priority"`` orders waiting requests and picks
+    victims by (priority, arrival); any other name behaves as ``fcfs`` (subclasses that keep
+    vLLM's decisions but change one rule register under their own names)."""
 
     def __init__(self, params: SchedulerParams, kv_cache_manager: KVCacheManager,
                  fast_path: bool = True, record_schedules: bool = False):
-        if params.policy not in ("fcfs", "priority"):
-            raise ValueError(f"unknown vLLM scheduling policy {params.policy!r}")
         self.params = params
         self.kv = kv_cache_manager
         self.priority = params.policy == "priority"
