@@ -155,6 +155,7 @@ class Client:
         self._children: dict[str, list[RequestSpec]] = {}
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
         self._rr = 0
+        self._live: dict[int, Request] = {}  # sent, not yet ended
         self.process = env.process(self._arrivals())
 
     def _arrivals(self):
@@ -195,6 +196,7 @@ class Client:
             self._end(req)
             return
         self.in_flight += 1
+        self._live[req.index] = req
         if len(self.replicas) == 1:
             self.replicas[0].add_request(req)
         else:  # vLLM DP load balancing: least (waiting·4 + running), ties round-robin
@@ -226,7 +228,23 @@ class Client:
                                or self.in_flight < self.max_concurrency):
             self._send(self._queue.popleft())
 
+    def finalize(self) -> None:
+        """After the event loop drains: record whatever never ended (still in an engine, in
+        the client queue, or waiting for a parent that never finished) as ``in_flight``, so
+        every request of the workload has a row. Normally there is none."""
+        for req in sorted(self._live.values(), key=lambda r: r.index):
+            req.error = req.error or "still in flight when the simulation ended"
+            self._end(req)
+        pending = list(self._queue) + [s for kids in self._children.values() for s in kids]
+        for spec in pending:
+            req = Request(spec, spec.extra["_index"], self.max_model_len, float("nan"))
+            req.error = "never sent: the simulation ended first"
+            self._end(req)
+        self._queue.clear()
+        self._children.clear()
+
     def _end(self, req: Request) -> None:
+        self._live.pop(req.index, None)
         reason = FINISHED_REASON.get(req.status, "in_flight")
         self.rec.record_request(req, reason)
         self.num_done += 1

@@ -75,6 +75,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                     max_concurrency=cfg.workload.max_concurrency, on_progress=cb)
     client_box.append(client)
     env.run()
+    client.finalize()
     wall = time.perf_counter() - t0
 
     requests = _request_columns(rec)
