@@ -60,6 +60,9 @@ class PlanSLO(_Section):
     e2el_ms: PositiveFloat | None = None
     percentile: float = Field(99.0, gt=0, le=100)
     min_goodput_pct: float | None = Field(None, gt=0, le=100)
+    max_queue_growth: float | None = Field(
+        0.1, gt=0, description="Stability: requests in the system may grow by at most this "
+        "fraction of the arrivals over the second half of the arrival window (None: no check)")
 
     def describe(self) -> str:
         p = _fmt_pct(self.percentile)
@@ -101,7 +104,7 @@ AXIS_ALIASES = {
 
 AXIS_SHORT = {
     "hardware.name": "", "parallel.tensor_parallel_size": "tp",
-    "parallel.pipeline_parallel_size": "pp", "scheduler.max_num_seqs": "mns",
+    "parallel.pipeline_parallel_size": "pp", "scheduler.max_num_seqs": "mns", "model.name": "",
     "scheduler.max_num_batched_tokens": "mbt", "scheduler.policy": "",
 }
 
@@ -123,6 +126,10 @@ class PlanSpec(_Section):
         "policy ...). null keeps the base / vLLM default.")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     tolerance: PlanTolerance = PlanTolerance()
+    min_duration_s: float | None = Field(
+        60.0, gt=0, description="Raise num_prompts (num_sessions) to rate × this, so every "
+        "point offers a sustained load and not a short burst (random/synthetic/sessions)")
+    max_prompts: PositiveInt = Field(20000, description="Cap of that raise")
     confirm: bool = Field(True, description="Simulate each candidate at its operating point")
     knee_warn: float = Field(0.85, gt=0, le=1,
                              description="Warn when operating rate / capacity exceeds this")
@@ -193,6 +200,7 @@ def point_metrics(requests: dict[str, np.ndarray], slo: PlanSLO, *, duration_s: 
         if thr is not None:
             v = np.where(np.isfinite(arr), arr * 1e3, 0.0 if name == "tpot" else np.inf)
             ok &= v <= thr
+    m["queue_growth"] = queue_growth(requests)
     dur = duration_s if duration_s > 0 else math.nan
     m["goodput_pct"] = 100.0 * ok.sum() / n if n else math.nan
     m["request_throughput"] = done.sum() / dur
@@ -203,6 +211,29 @@ def point_metrics(requests: dict[str, np.ndarray], slo: PlanSLO, *, duration_s: 
     m["num_preemptions"] = float(num_preemptions)
     m["passed"] = slo_passed(m, slo)
     return m
+
+
+def queue_growth(requests: dict[str, np.ndarray]) -> float:
+    """Growth of the number of requests in the system (arrived, not finished) from the middle
+    to the end of the arrival window [0, T], as a fraction of the arrivals in (T/2, T].
+
+    About 0 for a load the replica sustains; about the overload fraction ε for an arrival rate
+    (1 + ε) × capacity (the queue grows by ε·rate·T/2). NaN with fewer than 20 requests."""
+    arr = np.asarray(requests.get("arrival_s", []), dtype=float)
+    fin = np.asarray(requests.get("finish_s", np.full(len(arr), np.nan)), dtype=float)
+    if len(arr) < 20:
+        return math.nan
+    fin = np.where(np.isfinite(fin), fin, np.inf)
+    t_end = float(arr.max())
+    t_mid = t_end / 2
+    late = int(((arr > t_mid) & (arr <= t_end)).sum())
+    if late == 0:
+        return math.nan
+
+    def in_system(t: float) -> int:
+        return int(((arr <= t) & (fin > t)).sum())
+
+    return (in_system(t_end) - in_system(t_mid)) / late
 
 
 def slo_ratio(m: dict[str, float], slo: PlanSLO) -> float:
@@ -216,6 +247,9 @@ def slo_ratio(m: dict[str, float], slo: PlanSLO) -> float:
     g = m.get("goodput_pct")
     if slo.min_goodput_pct is not None and g is not None and math.isfinite(g):
         q.append((100.0 - g) / max(1e-9, 100.0 - slo.min_goodput_pct))
+    qg = m.get("queue_growth")
+    if slo.max_queue_growth is not None and qg is not None and math.isfinite(qg):
+        q.append(max(qg, 0.0) / slo.max_queue_growth)
     return max(q) if q else math.nan
 
 
@@ -231,7 +265,11 @@ def slo_passed(m: dict[str, float], slo: PlanSLO) -> bool:
             continue
         if not (v <= thr):
             return False
-    return not (slo.min_goodput_pct is not None and not m.get("goodput_pct", 0.0) >= slo.min_goodput_pct)
+    if slo.min_goodput_pct is not None and not m.get("goodput_pct", 0.0) >= slo.min_goodput_pct:
+        return False
+    qg = m.get("queue_growth")
+    return not (slo.max_queue_growth is not None and qg is not None and math.isfinite(qg)
+                and qg > slo.max_queue_growth)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,6 +643,33 @@ def resolve_tree(tree: dict, source: str):
     return cfg, mem
 
 
+def rate_key(tree: dict) -> str:
+    """The config key that sets the offered rate: ``workload.session_rate`` for sessions
+    (sessions/s), else ``workload.request_rate`` (req/s; trace workloads are rescaled)."""
+    kind = get_path(tree, "workload.kind", "random")
+    return "workload.session_rate" if kind == "sessions" else "workload.request_rate"
+
+
+def sustained_tree(tree: dict, rate: float, min_duration_s: float | None,
+                   max_prompts: int) -> dict:
+    """``tree`` with num_prompts (num_sessions) raised to ceil(rate × min_duration_s), capped at
+    ``max_prompts``, so the arrival window lasts at least ``min_duration_s`` seconds."""
+    if not min_duration_s:
+        return tree
+    kind = get_path(tree, "workload.kind", "random")
+    key = {"random": "workload.num_prompts", "synthetic": "workload.num_prompts",
+           "sessions": "workload.num_sessions"}.get(kind)
+    if key is None:
+        return tree
+    n0 = int(get_path(tree, key, 1000))
+    n = min(max(n0, math.ceil(rate * min_duration_s)), max(max_prompts, n0))
+    if n == n0:
+        return tree
+    t = copy.deepcopy(tree)
+    set_path(t, key, n)
+    return t
+
+
 def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
                    points_dir: str) -> dict:
     """Simulate one (candidate, rate, seed) point; write its run file; return its metrics."""
@@ -612,7 +677,7 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
     from servesim.simulator.runner import run_experiment
 
     t = copy.deepcopy(tree)
-    set_path(t, "workload.request_rate", float(rate))
+    set_path(t, rate_key(t), float(rate))
     set_path(t, "workload.seed", int(seed))
     wall0 = time.perf_counter()
     cfg = validate_tree(t, f"plan point {cand} @ {rate} req/s")
@@ -847,7 +912,9 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
             _record(c, seed, r, cached, progress_cb, spec.slo)
             submit_next(c, seed)
             return
-        h = pool.submit(evaluate, c.tree, r, seed, slo_d, c.name, str(points_dir))
+        h = pool.submit(evaluate, sustained_tree(c.tree, r, spec.min_duration_s,
+                                                 spec.max_prompts),
+                        r, seed, slo_d, c.name, str(points_dir))
         inflight[h] = (c, seed, r, "search")
 
     def submit_confirm(c: Candidate) -> None:
@@ -863,7 +930,9 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
             cached["passed"] = slo_passed(cached, spec.slo)
             c.confirm = cached
             return
-        h = pool.submit(evaluate, c.tree, r, seed, slo_d, c.name, str(points_dir))
+        h = pool.submit(evaluate, sustained_tree(c.tree, r, spec.min_duration_s,
+                                                 spec.max_prompts),
+                        r, seed, slo_d, c.name, str(points_dir))
         inflight[h] = (c, seed, r, "confirm")
 
     progress, task = _progress(quiet, sum(len(c.searches) for c in cands) * 6)

@@ -501,7 +501,7 @@ def plan_summary(plan: dict) -> str:
                                          for r in skipped[:4]) + "."
         return s
     s = (f"**Recommended: {int(rec['replicas'])} × {_cand_text(rec)} "
-         f"({int(rec['gpus'])} GPUs) serves {target:g} req/s within {plan['slo_text']} for "
+         f"({int(rec['gpus'])} GPU{'s' if rec['gpus'] != 1 else ''}) serves {target:g} req/s within {plan['slo_text']} for "
          f"${rec['usd_per_hour']:.2f}/h (${rec['usd_per_1m_output_tokens']:.3f} per 1M output "
          f"tokens).** One replica sustains {rec['capacity_rps']:.3g} req/s (95% CI "
          f"{rec['ci_low']:.3g}–{rec['ci_high']:.3g}), so each runs at "

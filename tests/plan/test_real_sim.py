@@ -19,6 +19,7 @@ PLAN = {
     "seeds": [0],
     "tolerance": {"rel_width": 0.25, "max_evals": 6},
     "confirm": False,
+    "min_duration_s": 20,
 }
 
 
@@ -34,7 +35,7 @@ def test_tiny_plan_on_the_real_simulator(tmp_path):
     fit = df[df["fits"]]
     skipped = df[~df["fits"]]
     assert len(fit) == 1 and len(skipped) == 1
-    assert "70b" in skipped["candidate"].iloc[0]
+    assert skipped["candidate"].iloc[0] == "h100-sxm_llama-3.1-70b"
     assert "CapacityError" in skipped["reason"].iloc[0]  # 70B bf16 weights > one 80 GB GPU
     row = fit.iloc[0]
     assert row["capacity_rps"] > 0 and row["replicas"] >= 1
