@@ -592,7 +592,34 @@ def expand_candidates(spec: PlanSpec, tree: dict) -> list[tuple[str, dict[str, A
 
 
 def _point_path(points_dir: Path, cand: str, rate: float, seed: int) -> Path:
-    return points_dir / f"SERVE-{cand}-BENCH-request_rate={_fmt_num(rate)}" / f"run={seed}.json"
+    """``points/SERVE-<candidate>-BENCH-<rate>/run=<seed>.json`` (the sweep layout)."""
+    try:
+        from servesim.simulator.sweep import fmt_rate
+    except ImportError:  # pragma: no cover
+        fmt_rate = _fmt_num
+    return points_dir / f"SERVE-{cand}-BENCH-{fmt_rate(rate)}" / f"run={seed}.json"
+
+
+def write_points_summary(points_dir: Path) -> None:
+    """``points/summary.csv``: one row per run file (arm = candidate), like a sweep's."""
+    import pandas as pd
+
+    rows = []
+    for p in sorted(points_dir.glob("SERVE-*/run=*.json")):
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        rows.append({k: v for k, v in d.items() if not isinstance(v, (list, dict))})
+    if not rows:
+        return
+    df = pd.DataFrame(rows)
+    lead = [c for c in ("arm", "request_rate", "seed", "run_number") if c in df]
+    df = df[lead + [c for c in df.columns if c not in lead]]
+    df = df.sort_values([c for c in ("arm", "request_rate", "seed") if c in df])
+    tmp = points_dir / ".summary.csv.tmp"
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, points_dir / "summary.csv")
 
 
 def _atomic_write_json(path: Path, obj: Any) -> None:
@@ -709,7 +736,8 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
         bench = {"request_rate": float(rate)}
     if "max_concurrent_requests" in bench and bench["max_concurrent_requests"] is not None:
         m["max_concurrent_requests"] = float(bench["max_concurrent_requests"])
-    bench.update(plan_candidate=cand, plan_point=m)
+    bench.update(arm=cand, seed=int(seed), run_number=int(seed), plan_candidate=cand,
+                 plan_point=m)
     _atomic_write_json(_point_path(Path(points_dir), cand, rate, seed), bench)
     return m
 
@@ -979,6 +1007,8 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
     result["jobs"] = jobs
     result["backend"] = backend
     write_plan_outputs(result, outdir)
+    if points_dir.is_dir():
+        write_points_summary(points_dir)
     if write_report:
         from servesim.reports.render import write_report as _write_report
 

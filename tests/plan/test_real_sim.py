@@ -40,9 +40,13 @@ def test_tiny_plan_on_the_real_simulator(tmp_path):
     row = fit.iloc[0]
     assert row["capacity_rps"] > 0 and row["replicas"] >= 1
     assert row["gpus"] == row["replicas"]
-    runs = sorted((out / "points").glob("SERVE-*-BENCH-request_rate=*/run=0.json"))
+    runs = sorted((out / "points").glob("SERVE-h100-sxm_llama-3.1-8b-BENCH-*/run=0.json"))
     assert len(runs) == row["n_evals"]
     j = json.loads(runs[0].read_text())
     assert "p99_ttft_ms" in j and j["plan_point"]["request_rate"] == j["request_rate"]
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
+    # the points folder is a sweep folder too (arm = candidate)
+    assert len(pd.read_csv(out / "points" / "summary.csv")) == len(runs)
+    res = CliRunner().invoke(app, ["report", str(out / "points")])
+    assert res.exit_code == 0, res.output
     assert "Recommended" in (out / "report.md").read_text().split("\n\n")[1]

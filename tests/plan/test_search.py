@@ -203,7 +203,7 @@ def test_resume_reuses_finished_points(tmp_path):
                      quiet=True, write_report=False)
     n = len(_CALLS)
     assert n > 10
-    assert list(tmp_path.glob("points/SERVE-h100-sxm-BENCH-request_rate=*/run=0.json"))
+    assert list(tmp_path.glob("points/SERVE-h100-sxm-BENCH-*/run=0.json"))
     _CALLS.clear()
     again = run_plan(spec, tmp_path, tmp_path, evaluate=_counting_eval,
                      fit_check=synthetic_fit, quiet=True, write_report=False, resume=True)
@@ -216,3 +216,31 @@ def test_resume_reuses_finished_points(tmp_path):
 def test_tolerance_defaults():
     t = PlanTolerance()
     assert t.rel_width == 0.05
+
+
+def test_queue_growth_separates_sustained_from_overloaded():
+    from servesim.reports.plan import queue_growth
+
+    rng = np.random.default_rng(0)
+    arr = np.sort(rng.uniform(0, 100, 2000))  # 20 req/s for 100 s
+    stable = {"arrival_s": arr, "finish_s": arr + rng.uniform(1, 3, len(arr))}
+    assert abs(queue_growth(stable)) < 0.03
+    # served at 16 req/s in arrival order: 20 % overload -> the queue grows by ~20 % of arrivals
+    over = {"arrival_s": arr, "finish_s": np.maximum(arr + 1, np.arange(1, len(arr) + 1) / 16)}
+    assert 0.15 < queue_growth(over) < 0.25
+    slo = PlanSLO(tpot_ms=50)
+    base = {"slo_p_tpot_ms": 20.0, "completed": 10}
+    assert slo_passed({**base, "queue_growth": 0.02}, slo)
+    assert not slo_passed({**base, "queue_growth": 0.2}, slo)
+
+
+def test_sustained_tree_raises_num_prompts():
+    from servesim.reports.plan import sustained_tree
+
+    t = {"workload": {"kind": "random", "num_prompts": 300}}
+    assert sustained_tree(t, 2.0, 60, 20000) is t  # 120 < 300: unchanged
+    assert sustained_tree(t, 20.0, 60, 20000)["workload"]["num_prompts"] == 1200
+    assert sustained_tree(t, 1000.0, 60, 5000)["workload"]["num_prompts"] == 5000
+    assert t["workload"]["num_prompts"] == 300
+    tr = {"workload": {"kind": "trace", "path": "x.csv"}}
+    assert sustained_tree(tr, 20.0, 60, 20000) is tr
