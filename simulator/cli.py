@@ -50,8 +50,7 @@ def _register_all() -> None:
     from servesim.costmodels import cli as costmodels_cli
     from servesim.kernels import cli as kernels_cli
     from servesim.reports import cli as reports_cli
-    from servesim.simulator import run_cli
-    from servesim.simulator import sweep_cli
+    from servesim.simulator import run_cli, sweep_cli
     from servesim.workloads import cli as workloads_cli
 
     for mod in (run_cli, costmodels_cli, workloads_cli, kernels_cli, sweep_cli, reports_cli):

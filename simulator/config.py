@@ -13,11 +13,10 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
-
 from servesim.costmodels.config import HardwareConfig, ModelConfig
 from servesim.simulator.errors import ConfigError
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
@@ -38,16 +37,16 @@ class CacheConfig(_Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
-    num_gpu_blocks_override: Optional[PositiveInt] = None
+    num_gpu_blocks_override: PositiveInt | None = None
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
 
 
 class SchedulerConfig(_Section):
     policy: str = Field("fcfs", description="fcfs | priority | any registered policy")
-    max_num_seqs: Optional[PositiveInt] = Field(
+    max_num_seqs: PositiveInt | None = Field(
         None, description="Default as vLLM picks it: 1024 on >=70 GiB non-A100 GPUs, else 256"
     )
-    max_num_batched_tokens: Optional[PositiveInt] = Field(
+    max_num_batched_tokens: PositiveInt | None = Field(
         None, description="Per-step token budget; default 8192 on >=70 GiB non-A100 GPUs, else 2048"
     )
     long_prefill_token_threshold: int = Field(0, ge=0)
@@ -61,18 +60,18 @@ class CompilationConfig(_Section):
     cudagraph_mode: Literal[
         "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
     ] = "FULL_AND_PIECEWISE"
-    max_cudagraph_capture_size: Optional[PositiveInt] = Field(
+    max_cudagraph_capture_size: PositiveInt | None = Field(
         None, description="Default min(2*max_num_seqs, 512)"
     )
-    cudagraph_capture_sizes: Optional[list[PositiveInt]] = None
+    cudagraph_capture_sizes: list[PositiveInt] | None = None
 
 
 class SLOConfig(_Section):
     """Per-request SLOs for goodput, as ``vllm bench serve --goodput ttft:MS tpot:MS e2el:MS``."""
 
-    ttft_ms: Optional[float] = Field(None, gt=0)
-    tpot_ms: Optional[float] = Field(None, gt=0)
-    e2el_ms: Optional[float] = Field(None, gt=0)
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
 
 
 class OutputConfig(_Section):
@@ -81,11 +80,11 @@ class OutputConfig(_Section):
     )
     metric_percentiles: str = Field("99", description="vllm bench --metric-percentiles")
     save_detailed: bool = Field(False, description="vllm bench --save-detailed arrays")
-    timeseries_interval_s: Optional[float] = Field(
+    timeseries_interval_s: float | None = Field(
         None, gt=0, description="Sample timeseries.csv every N s (default: every engine step, "
         "or 1 s for runs of more than 200k steps)"
     )
-    label: Optional[str] = None
+    label: str | None = None
 
 
 class ExperimentConfig(_Section):
@@ -140,28 +139,35 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """Apply ``--set`` items to a raw YAML tree.
+def set_path(tree: dict, key: str | list[str], value: Any, *, where: str = "") -> None:
+    """Set ``section.key`` in a raw config tree (in place), creating sections as needed.
 
     Switching ``workload.kind`` (e.g. from the file's ``random`` to ``trace``) starts the
     workload section afresh (keeping only ``seed``): the old kind's keys mean nothing to the new.
     """
+    path = [p for p in key.split(".") if p] if isinstance(key, str) else list(key)
+    where = where or ".".join(path)
+    if path == ["workload", "kind"]:
+        old = tree.get("workload") if isinstance(tree.get("workload"), dict) else {}
+        if old.get("kind", "random") != value:
+            tree["workload"] = {k: v for k, v in old.items() if k == "seed"}
+    node = tree
+    for p in path[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"{where}: {p} is not a section")
+        node = nxt
+    node[path[-1]] = copy.deepcopy(value)
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Apply ``--set`` items to (a copy of) a raw YAML tree."""
     tree = copy.deepcopy(tree)
     for item in overrides:
         path, value = parse_override(item)
-        if path == ["workload", "kind"]:
-            old = tree.get("workload") if isinstance(tree.get("workload"), dict) else {}
-            if old.get("kind", "random") != value:
-                tree["workload"] = {k: v for k, v in old.items() if k == "seed"}
-        node = tree
-        for p in path[:-1]:
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            elif not isinstance(nxt, dict):
-                raise ConfigError(f"--set {item}: {'.'.join(path[:-1])} is not a section")
-            node = nxt
-        node[path[-1]] = value
+        set_path(tree, path, value, where=f"--set {item}")
     return tree
 
 
@@ -176,7 +182,7 @@ def _describe_error(err: dict) -> str:
     if typ == "missing":
         return f"{loc}: required field is missing"
     msg = err["msg"]
-    if typ.endswith("_parsing") or typ.endswith("_type"):
+    if typ.endswith(("_parsing", "_type")):
         return f"{loc}: {msg[0].lower() + msg[1:]}, got {inp!r}"
     return f"{loc}: {msg[0].lower() + msg[1:]} (got {inp!r})"
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 import simpy
-
 from servesim.simulator.request import FINISHED_REASON, Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
 
@@ -67,7 +66,7 @@ class Replica:
         self.rec = recorder
         self.on_finish = on_finish
         self.replica_id = replica_id
-        self._wake: Optional[simpy.Event] = None
+        self._wake: simpy.Event | None = None
         self.num_steps = 0
         self.busy_seconds = 0.0
         self.process = env.process(self._run())
@@ -137,8 +136,8 @@ class Client:
 
     def __init__(self, env: simpy.Environment, specs: Iterable[RequestSpec],
                  replicas: list[Replica], recorder: Recorder, *, max_model_len: int,
-                 num_gpu_blocks: int, block_size: int, max_concurrency: Optional[int],
-                 on_progress: Optional[Callable[[int], None]] = None):
+                 num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
+                 on_progress: Callable[[int], None] | None = None):
         self.env = env
         self.specs = iter(specs)
         self.replicas = replicas

@@ -15,18 +15,18 @@ line references are in the course digest §3:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from servesim.simulator.request import Request
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "is_null")
+    __slots__ = ("block_hash", "block_id", "is_null", "ref_cnt")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: Optional[int] = None
+        self.block_hash: int | None = None
         self.is_null = False
 
     def __repr__(self) -> str:
@@ -95,7 +95,7 @@ class BlockPool:
         """KV-cache usage in [0, 1]: used / (total - null block), vLLM's ``get_usage``."""
         return 1.0 - len(self.free_block_queue._q) / (self.num_gpu_blocks - 1)
 
-    def get_cached_block(self, block_hash: int) -> Optional[KVCacheBlock]:
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
         v = self.cached_block_hash_to_block.get(block_hash)
         if v is None or type(v) is KVCacheBlock:
             return v
@@ -191,8 +191,14 @@ class BlockPool:
 class PrefixCacheStats:
     """vLLM's ``PrefixCacheStats``: queries and hits in tokens; preempted requests apart."""
 
-    __slots__ = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
-                 "preempted_hits")
+    __slots__ = (
+        "hits",
+        "preempted_hits",
+        "preempted_queries",
+        "preempted_requests",
+        "queries",
+        "requests",
+    )
 
     def __init__(self):
         self.requests = self.queries = self.hits = 0
@@ -262,8 +268,8 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
-                       new_computed_blocks: Optional[list[KVCacheBlock]] = None,
-                       num_lookahead_tokens: int = 0) -> Optional[list[KVCacheBlock]]:
+                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` (+ lookahead); None when the pool is short.
 
         Blocks needed = ceil(min(computed + hits + new + lookahead, max_model_len) / block_size)

@@ -15,8 +15,8 @@ max_model_len)`` and returns a ``KVCacheManager``-like object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import metadata
-from typing import Callable
 
 from servesim.simulator.errors import ConfigError
 
@@ -55,7 +55,7 @@ def _load_entry_points(group: str) -> None:
         if ep.name not in _GROUPS[group]:
             try:
                 _GROUPS[group][ep.name] = ep.load()
-            except Exception as e:  # a broken plugin must not break the others
+            except Exception as e:  # noqa: BLE001  (report any plugin failure in one line)
                 raise ConfigError(f"entry point {group}:{ep.name} failed to load: {e}") from None
 
 

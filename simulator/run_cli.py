@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,7 +12,7 @@ CONFIG_ARG = typer.Argument(..., help="Experiment config YAML (e.g. configs/llam
 SET_OPT = typer.Option(None, "--set", help="Override a config key: section.key=value (repeatable)")
 
 
-def load(config: Path, overrides: Optional[list[str]], seed: Optional[int] = None):
+def load(config: Path, overrides: list[str] | None, seed: int | None = None):
     from servesim.simulator.config import load_config, resolve_config
 
     ov = list(overrides or [])
@@ -24,21 +23,20 @@ def load(config: Path, overrides: Optional[list[str]], seed: Optional[int] = Non
 
 def run(
     config: Path = CONFIG_ARG,
-    output_dir: Optional[Path] = typer.Option(
+    output_dir: Path | None = typer.Option(  # noqa: B008  (typer's idiom)
         None, "-o", "--output-dir",
         help="Run directory (default results/<config-stem>-<UTC timestamp>)"),
-    overrides: Optional[list[str]] = SET_OPT,
-    seed: Optional[int] = typer.Option(None, "--seed", help="Workload seed (vllm bench --seed)"),
+    overrides: list[str] | None = SET_OPT,
+    seed: int | None = typer.Option(None, "--seed", help="Workload seed (vllm bench --seed)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors"),
 ) -> None:
     """Simulate one experiment and write result.json, requests.csv, timeseries.csv."""
     from rich.console import Console
-
     from servesim.reports import compute_bench_result, print_summary, write_run
     from servesim.simulator.runner import run_experiment
 
     cfg = load(config, overrides, seed)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     outdir = output_dir or Path("results") / f"{Path(config).stem}-{stamp}"
     console = Console(stderr=False, quiet=quiet)
     progress_cb, finish = _progress(quiet)
@@ -61,7 +59,7 @@ def _progress(quiet: bool):
 
     state = {"bar": None, "task": None, "t0": time.perf_counter(), "last": 0.0}
 
-    def cb(done: int, total: Optional[int]) -> None:
+    def cb(done: int, total: int | None) -> None:
         now = time.perf_counter()
         if now - state["last"] < 0.2:
             return
@@ -85,7 +83,7 @@ def _progress(quiet: bool):
 
 def validate(
     config: Path = CONFIG_ARG,
-    overrides: Optional[list[str]] = SET_OPT,
+    overrides: list[str] | None = SET_OPT,
 ) -> None:
     """Print the resolved config and the derived capacity, as vLLM logs it at start-up;
     exit 2 when the config cannot run."""

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import simpy
-
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
-from servesim.simulator.metrics import RunResult, STEP_COLUMNS
+from servesim.simulator.metrics import STEP_COLUMNS, RunResult
 from servesim.simulator.registry import get_kv_allocator, get_scheduler
 from servesim.simulator.scheduler import SchedulerParams
 
@@ -20,7 +19,7 @@ MAX_STEP_ROWS = 200_000
 
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
-                   progress: Optional[Callable[[int, Optional[int]], None]] = None,
+                   progress: Callable[[int, int | None], None] | None = None,
                    fast_path: bool = True) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
@@ -146,7 +145,7 @@ def _request_columns(rec: Recorder) -> dict[str, np.ndarray]:
     }
 
 
-def _step_columns(rec: Recorder, interval: Optional[float]) -> dict[str, np.ndarray]:
+def _step_columns(rec: Recorder, interval: float | None) -> dict[str, np.ndarray]:
     s = {k: np.frombuffer(v, dtype=float).copy() if len(v) else np.zeros(0)
          for k, v in rec.step.items()}
     n = len(s["time_s"])

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 from servesim.costmodels.batch import BatchShape
 from servesim.simulator.kv_cache import KVCacheManager
@@ -60,17 +60,24 @@ class SchedulerOutput:
     (fast steps only). ``shape``: the batch as the cost model sees it.
     """
 
-    __slots__ = ("scheduled", "num_group", "preempted", "shape", "total_num_scheduled_tokens",
-                 "fast", "group_members")
+    __slots__ = (
+        "fast",
+        "group_members",
+        "num_group",
+        "preempted",
+        "scheduled",
+        "shape",
+        "total_num_scheduled_tokens",
+    )
 
     def __init__(self):
         self.scheduled: list[tuple[Request, int, int]] = []
         self.num_group = 0
         self.preempted: list[Request] = []
-        self.shape: Optional[BatchShape] = None
+        self.shape: BatchShape | None = None
         self.total_num_scheduled_tokens = 0
         self.fast = False
-        self.group_members: Optional[list[Request]] = None  # only when recording schedules
+        self.group_members: list[Request] | None = None  # only when recording schedules
 
     def as_dict(self) -> dict[str, int]:
         """{request_id: num_scheduled_tokens} (tests; needs ``record_schedules``)."""

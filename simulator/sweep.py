@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servesim.simulator import config
 from servesim.simulator.errors import ConfigError, ServesimError
 
 SPEC_KEYS = (
@@ -206,22 +207,8 @@ def _parse_overrides(node: Any, where: str) -> tuple[tuple[str, Any], ...]:
 
 
 def set_path(tree: dict, key: str, value: Any) -> None:
-    """Set ``section.key`` in a raw config tree, like ``--set`` (``config.apply_overrides``):
-    switching ``workload.kind`` starts the workload section afresh (keeping only ``seed``)."""
-    path = [p for p in key.split(".") if p]
-    if path == ["workload", "kind"]:
-        old = tree.get("workload") if isinstance(tree.get("workload"), dict) else {}
-        if old.get("kind", "random") != value:
-            tree["workload"] = {k: v for k, v in old.items() if k == "seed"}
-    node = tree
-    for p in path[:-1]:
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        elif not isinstance(nxt, dict):
-            raise ConfigError(f"{key}: {p} is not a section")
-        node = nxt
-    node[path[-1]] = copy.deepcopy(value)
+    """Set ``section.key`` in a raw config tree, exactly like ``--set``."""
+    config.set_path(tree, key, value)
 
 
 def build_tree(base_tree: dict, overrides: Iterable[tuple[str, Any]], seed: int | None,

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from servesim.simulator.config import load_config, resolve_config
 from servesim.simulator.errors import ConfigError
 

@@ -3,7 +3,6 @@
 
 import pytest
 from harness import Harness
-
 from servesim.simulator.request import RequestStatus
 
 

@@ -3,7 +3,6 @@
 from harness import Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from servesim.simulator.request import RequestStatus
 
 req_st = st.tuples(
