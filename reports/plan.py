@@ -641,13 +641,24 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def read_point(path: Path) -> dict | None:
-    """The ``plan_point`` metrics stored in a finished point file, or None."""
+def point_hash(tree: dict, rate: float, seed: int, slo: dict) -> str:
+    """Identity of a simulated point (config tree, rate, seed, SLO) for ``--resume``."""
+    import hashlib
+
+    blob = json.dumps([tree, float(rate), int(seed), slo], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def read_point(path: Path, expect_hash: str | None = None) -> dict | None:
+    """The ``plan_point`` metrics stored in a finished point file (None when missing, or
+    written for another definition of the point)."""
     try:
         d = json.loads(path.read_text())
-        return d.get("plan_point")
     except (OSError, ValueError):
         return None
+    if expect_hash is not None and d.get("plan_point_hash") != expect_hash:
+        return None
+    return d.get("plan_point")
 
 
 def resolve_tree(tree: dict, source: str):
@@ -737,7 +748,7 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
     if "max_concurrent_requests" in bench and bench["max_concurrent_requests"] is not None:
         m["max_concurrent_requests"] = float(bench["max_concurrent_requests"])
     bench.update(arm=cand, seed=int(seed), run_number=int(seed), plan_candidate=cand,
-                 plan_point=m)
+                 plan_point_hash=point_hash(tree, rate, seed, slo), plan_point=m)
     _atomic_write_json(_point_path(Path(points_dir), cand, rate, seed), bench)
     return m
 
@@ -933,16 +944,15 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
         r = srch.propose()
         if r is None:
             return
+        tree = sustained_tree(c.tree, r, spec.min_duration_s, spec.max_prompts)
         path = _point_path(points_dir, c.name, r, seed)
-        cached = read_point(path) if resume else None
+        cached = read_point(path, point_hash(tree, r, seed, slo_d)) if resume else None
         if cached is not None:
             cached["passed"] = slo_passed(cached, spec.slo)
             _record(c, seed, r, cached, progress_cb, spec.slo)
             submit_next(c, seed)
             return
-        h = pool.submit(evaluate, sustained_tree(c.tree, r, spec.min_duration_s,
-                                                 spec.max_prompts),
-                        r, seed, slo_d, c.name, str(points_dir))
+        h = pool.submit(evaluate, tree, r, seed, slo_d, c.name, str(points_dir))
         inflight[h] = (c, seed, r, "search")
 
     def submit_confirm(c: Candidate) -> None:
@@ -952,15 +962,14 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
         replicas = math.ceil(spec.target_request_rate / cap - 1e-9)
         r = round_rate(spec.target_request_rate / replicas)
         seed = spec.seeds[0]
+        tree = sustained_tree(c.tree, r, spec.min_duration_s, spec.max_prompts)
         path = _point_path(points_dir, c.name, r, seed)
-        cached = read_point(path) if resume else None
+        cached = read_point(path, point_hash(tree, r, seed, slo_d)) if resume else None
         if cached is not None:
             cached["passed"] = slo_passed(cached, spec.slo)
             c.confirm = cached
             return
-        h = pool.submit(evaluate, sustained_tree(c.tree, r, spec.min_duration_s,
-                                                 spec.max_prompts),
-                        r, seed, slo_d, c.name, str(points_dir))
+        h = pool.submit(evaluate, tree, r, seed, slo_d, c.name, str(points_dir))
         inflight[h] = (c, seed, r, "confirm")
 
     progress, task = _progress(quiet, sum(len(c.searches) for c in cands) * 6)

@@ -187,12 +187,13 @@ _CALLS: list = []
 
 def _counting_eval(tree, rate, seed, slo, cand, points_dir):
     """synthetic_eval that also writes the point file, like evaluate_point does."""
-    from servesim.reports.plan import _atomic_write_json, _point_path
+    from servesim.reports.plan import _atomic_write_json, _point_path, point_hash
 
     _CALLS.append((cand, rate, seed))
     m = synthetic_eval(tree, rate, seed, slo, cand, points_dir)
     _atomic_write_json(_point_path(Path(points_dir), cand, rate, seed),
-                       {"request_rate": rate, "plan_point": m})
+                       {"request_rate": rate, "plan_point": m,
+                        "plan_point_hash": point_hash(tree, rate, seed, slo)})
     return m
 
 
@@ -211,6 +212,11 @@ def test_resume_reuses_finished_points(tmp_path):
     a = {r["candidate"]: r["capacity_rps"] for r in first["candidates"]}
     b = {r["candidate"]: r["capacity_rps"] for r in again["candidates"]}
     assert a == b
+    # a changed point definition (another SLO) is not reused
+    run_plan(_spec(search={"hardware": ["h100-sxm"]}, slo={"ttft_ms": 900, "tpot_ms": 45}),
+             tmp_path, tmp_path, evaluate=_counting_eval, fit_check=synthetic_fit, quiet=True,
+             write_report=False, resume=True)
+    assert len(_CALLS) > 3
 
 
 def test_tolerance_defaults():
