@@ -66,7 +66,13 @@ def latency_cdfs(req: pd.DataFrame, slo: dict | None = None) -> Figure:
         if len(v) == 0:
             _empty(ax, f"{label} values")
         else:
-            ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", color="#1f77b4")
+            y = np.arange(1, len(v) + 1) / len(v)
+            if len(v) > 4000:  # large runs: plot 4000 quantiles, not every request
+                idx = np.linspace(0, len(v) - 1, 4000).astype(int)
+                v_plot, y = v[idx], y[idx]
+            else:
+                v_plot = v
+            ax.step(v_plot, y, where="post", color="#1f77b4")
             p99 = float(np.percentile(v, 99))
             ax.axvline(p99, color="#1f77b4", linestyle=":", linewidth=1,
                        label=f"P99 {p99:.0f} ms")
@@ -177,8 +183,14 @@ def throughput_vs_rate(pts: pd.DataFrame, group: str, knees: dict | None = None)
                    "queueing.")
 
 
+def _thin(ts: pd.DataFrame, n: int = 20000) -> pd.DataFrame:
+    """Every k-th row so at most ~n are drawn (long runs sample every step)."""
+    return ts.iloc[:: max(1, len(ts) // n)] if len(ts) > n else ts
+
+
 def kv_timeline(ts: pd.DataFrame) -> Figure:
     """KV-cache usage (%) and running / waiting requests over simulated time (s)."""
+    ts = _thin(ts)
     fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
     t = ts["time_s"] if "time_s" in ts else pd.Series(dtype=float)
     if "vllm:kv_cache_usage_perc" in ts:
@@ -205,6 +217,7 @@ def kv_timeline(ts: pd.DataFrame) -> Figure:
 
 def step_timeline(ts: pd.DataFrame) -> Figure:
     """Engine step time (ms) and batch tokens per step over simulated time (s)."""
+    ts = _thin(ts)
     fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
     t = ts["time_s"] if "time_s" in ts else pd.Series(dtype=float)
     if "step_seconds" in ts:
