@@ -493,6 +493,12 @@ def plan_summary(plan: dict) -> str:
     n_fit = sum(1 for r in rows if r.get("fits"))
     skipped = [r for r in rows if not r.get("fits")]
     target = plan["target_request_rate"]
+    if rec is None and n_fit == 0:
+        s = (f"**None of the {len(rows)} candidates fits**, so nothing can serve "
+             f"{target:g} req/s. ")
+        s += "Skipped: " + "; ".join(f"{r['candidate']} ({_short_reason(r['reason'])})"
+                                     for r in skipped[:4]) + "."
+        return s
     if rec is None:
         s = (f"**No candidate meets {plan['slo_text']} at any rate**: none of the "
              f"{len(rows)} candidates can serve {target:g} req/s. ")

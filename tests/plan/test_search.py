@@ -250,3 +250,41 @@ def test_sustained_tree_raises_num_prompts():
     assert t["workload"]["num_prompts"] == 300
     tr = {"workload": {"kind": "trace", "path": "x.csv"}}
     assert sustained_tree(tr, 20.0, 60, 20000) is tr
+
+
+def test_load_plan_with_relative_base_and_bad_key(tmp_path):
+    from servesim.reports.plan import base_tree, expand_candidates, load_plan
+    from servesim.simulator.errors import ConfigError
+
+    (tmp_path / "base.yaml").write_text("hardware: {name: l40s}\nparallel: "
+                                        "{data_parallel_size: 4}\nworkload: {num_prompts: 5}\n")
+    (tmp_path / "p.yaml").write_text(
+        "base: base.yaml\nslo: {ttft_ms: 1000}\ntarget_request_rate: 10\n"
+        "workload: {kind: random, num_prompts: 50}\n"
+        "search: {tp: [1, 2], max_num_seqs: [64, null]}\n")
+    spec, d = load_plan(tmp_path / "p.yaml")
+    tree = base_tree(spec, d)
+    assert tree["hardware"]["name"] == "l40s" and tree["workload"]["num_prompts"] == 50
+    assert tree["parallel"]["data_parallel_size"] == 1  # capacity is per replica
+    assert tree["slo"] == {"ttft_ms": 1000}
+    names = [n for n, _, _ in expand_candidates(spec, tree)]
+    assert names == ["tp1_mns64", "tp1", "tp2_mns64", "tp2"]
+    (tmp_path / "bad.yaml").write_text("slo: {ttft_ms: 1000}\ntarget_request_rate: 10\n"
+                                       "serach: {}\n")
+    with pytest.raises(ConfigError, match="bad.yaml: serach"):
+        load_plan(tmp_path / "bad.yaml")
+
+
+def test_plan_where_nothing_fits_says_so(tmp_path):
+    from servesim.reports.render import plan_summary
+    from servesim.simulator.errors import CapacityError
+
+    def never(tree, source):
+        raise CapacityError(f"{source}: does not fit (test)")
+
+    res = run_plan(_spec(), tmp_path, tmp_path, evaluate=synthetic_eval, fit_check=never,
+                   quiet=True)
+    assert res["recommended"] is None
+    assert plan_summary(res).startswith("**None of the 6 candidates fits**")
+    assert "does not fit (test)" in plan_summary(res)
+    assert (tmp_path / "report.html").is_file()
