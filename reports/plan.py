@@ -717,7 +717,6 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
     t = copy.deepcopy(tree)
     set_path(t, rate_key(t), float(rate))
     set_path(t, "workload.seed", int(seed))
-    wall0 = time.perf_counter()
     cfg = validate_tree(t, f"plan point {cand} @ {rate} req/s")
     try:
         from servesim.simulator.config import resolve_config
@@ -737,7 +736,6 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
     m["max_num_requests_running"] = _max_of(res.steps.get("vllm:num_requests_running"))
     m["num_gpu_blocks"] = res.counters.get("num_gpu_blocks", math.nan)
     m.update(request_rate=float(rate), seed=int(seed), candidate=cand,
-             sim_wall_s=time.perf_counter() - wall0,
              warnings=sorted({f"{w.category.__name__}: {w.message}" for w in caught}))
     try:
         from servesim.reports.bench_result import compute_bench_result
@@ -745,6 +743,8 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str,
         bench = dict(compute_bench_result(res))
     except ImportError:
         bench = {"request_rate": float(rate)}
+    for k in ("wall_seconds", "sim_speed"):  # host timings: keep point files deterministic
+        bench.pop(k, None)
     if "max_concurrent_requests" in bench and bench["max_concurrent_requests"] is not None:
         m["max_concurrent_requests"] = float(bench["max_concurrent_requests"])
     bench.update(arm=cand, seed=int(seed), run_number=int(seed), plan_candidate=cand,
@@ -1072,6 +1072,8 @@ def _check_fit(c: Candidate, spec: PlanSpec, fit_check: Callable) -> None:
 def summarize_plan(spec: PlanSpec, cands: list[Candidate], prices: dict[str, dict]) -> dict:
     """Capacities, sizing, cost, Pareto flags, ranking and the recommendation."""
     rows = []
+    for c in cands:  # completion order varies with --jobs: sort for deterministic outputs
+        c.points.sort(key=lambda p: (p["seed"], p["request_rate"]))
     for c in cands:
         row: dict[str, Any] = {
             "candidate": c.name, "hardware": c.hardware, "tensor_parallel_size": c.tp,
