@@ -513,6 +513,9 @@ def plan_summary(plan: dict) -> str:
          f"{rec['ci_low']:.3g}–{rec['ci_high']:.3g}), so each runs at "
          f"{rec['operating_rps_per_replica']:.3g} req/s = {rec['utilization_of_knee']:.0%} of "
          "its knee")
+    kw = plan.get("knee_warn", 0.85)
+    if kw - 0.05 <= rec["utilization_of_knee"] <= kw:
+        s += f" (just under the {kw:.0%} headroom line)"
     if rec.get("op_slo_p_ttft_ms") is not None and math.isfinite(
             rec.get("op_slo_p_ttft_ms", math.nan)):
         p = plan["slo"].get("percentile", 99)
