@@ -11,6 +11,7 @@ and exits with code 2; ``--debug`` (anywhere on the line) shows the traceback in
 from __future__ import annotations
 
 import sys
+import warnings
 from importlib import metadata
 
 import typer
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    # Warnings (e.g. "no calibration file for this GPU") are one line each; --quiet drops them.
+    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
+    if "--quiet" in args or "-q" in args:
+        warnings.simplefilter("ignore")
     try:
         app(args=args, prog_name="simulate", standalone_mode=False)
     except ServesimError as e:
