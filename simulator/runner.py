@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -33,6 +34,11 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     t0 = time.perf_counter()
     if not resolved:
         cfg = resolve_config(cfg)
+    if cfg.parallel.pipeline_parallel_size > 1:
+        warnings.warn(
+            "pipeline_parallel_size > 1: each step is one batch through all stages (plus "
+            "handoffs); vLLM's overlap of pp_size batches in flight is not modelled yet, so "
+            "throughput is under-estimated", stacklevel=2)
     mem = plan_memory(cfg)
     num_gpu_blocks = mem.num_gpu_blocks
     cost = build_cost_model(cfg)
