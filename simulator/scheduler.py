@@ -379,6 +379,20 @@ class Scheduler:
         if req in self._partials:
             self._partials.remove(req)
 
+    def _admit(self, out: SchedulerOutput, n: int, num_computed: int) -> Request:
+        """Move the head of ``waiting`` to ``running``, scheduled for ``n`` new tokens after
+        ``num_computed`` (prefix hits); its KV slots are already allocated."""
+        req = self.waiting.pop_request()
+        self.running.append(req)
+        self._partials.append(req)
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_computed
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_computed
+        out.scheduled.append((req, n, num_computed))
+        out.total_num_scheduled_tokens += n
+        return req
+
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         waiting = self.waiting
         running = self.running
@@ -403,15 +417,7 @@ class Scheduler:
                 n = budget
             if kv.allocate_slots(req, n, num_computed - req.num_computed_tokens, hits) is None:
                 break
-            waiting.pop_request()
-            running.append(req)
-            self._partials.append(req)
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_computed
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_computed
-            out.scheduled.append((req, n, num_computed))
-            out.total_num_scheduled_tokens += n
+            self._admit(out, n, num_computed)
             budget -= n
         if skipped:
             waiting.prepend_requests(skipped)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from servesim.simulator.kv_cache import KVCacheManager
-from servesim.simulator.request import Request, RequestStatus
+from servesim.simulator.request import Request
 from servesim.simulator.scheduler import Scheduler, SchedulerOutput, SchedulerParams
 
 
@@ -72,13 +72,7 @@ class PolicyScheduler(Scheduler):
                 break
             if kv.allocate_slots(req, n, num_computed - req.num_computed_tokens, hits) is None:
                 break
-            waiting.pop_request()
-            running.append(req)
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_computed
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_computed
-            out.scheduled.append((req, n, num_computed))
+            self._admit(out, n, num_computed)
             budget -= n
             admitted += 1
         return budget

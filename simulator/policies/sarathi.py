@@ -24,7 +24,6 @@ load and differ when KV is tight (V1 admits more prompts, then preempts more).
 from __future__ import annotations
 
 from servesim.simulator.policies.base import PolicyScheduler
-from servesim.simulator.request import RequestStatus
 from servesim.simulator.scheduler import SchedulerOutput
 
 WATERMARK = 0.01  # vLLM v0 BlockSpaceManager watermark, as a fraction of the GPU blocks
@@ -61,10 +60,10 @@ class SarathiScheduler(PolicyScheduler):
                 out.scheduled.append((req, n, req.num_computed_tokens))
                 budget -= n
         if not out.preempted:
-            self._admit(out, budget)
+            self._admit_new(out, budget)
         return self._finish(out)
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_new(self, out: SchedulerOutput, budget: int) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
         bs = self.block_size
         while len(waiting) and budget > 0 and len(running) < self.max_num_running_reqs:
@@ -84,11 +83,5 @@ class SarathiScheduler(PolicyScheduler):
             if kv.allocate_slots(req, n, num_computed - req.num_computed_tokens, hits,
                                  num_lookahead_tokens=remaining - n) is None:
                 break
-            waiting.pop_request()
-            running.append(req)
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_computed
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_computed
-            out.scheduled.append((req, n, num_computed))
+            self._admit(out, n, num_computed)
             budget -= n
