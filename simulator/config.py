@@ -181,6 +181,10 @@ def _describe_error(err: dict) -> str:
         return f"{loc}: unknown key (not a field of this section)"
     if typ == "missing":
         return f"{loc}: required field is missing"
+    if typ == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        return (f"{loc}.{ctx.get('discriminator', 'kind').strip(chr(39))}: "
+                f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
     msg = err["msg"]
     if typ.endswith(("_parsing", "_type")):
         return f"{loc}: {msg[0].lower() + msg[1:]}, got {inp!r}"
