@@ -39,12 +39,15 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             "pipeline_parallel_size > 1: each step is one batch through all stages (plus "
             "handoffs); vLLM's overlap of pp_size batches in flight is not modelled yet, so "
             "throughput is under-estimated", stacklevel=2)
-    mem = plan_memory(cfg)
-    num_gpu_blocks = mem.num_gpu_blocks
-    cost = build_cost_model(cfg)
+    # Cheap checks first, so a typo fails before any warning about calibration.
+    sched_factory = get_scheduler(cfg.scheduler.policy)
+    kv_factory = get_kv_allocator(cfg.cache.allocator)
     block_size = cfg.cache.block_size
     mml = cfg.model.max_model_len
     workload = build_workload(cfg.workload, block_size=block_size, max_model_len=mml)
+    mem = plan_memory(cfg)
+    num_gpu_blocks = mem.num_gpu_blocks
+    cost = build_cost_model(cfg)
     params = SchedulerParams(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
@@ -54,8 +57,6 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         enable_chunked_prefill=cfg.scheduler.enable_chunked_prefill,
         policy=cfg.scheduler.policy,
     )
-    sched_factory = get_scheduler(cfg.scheduler.policy)
-    kv_factory = get_kv_allocator(cfg.cache.allocator)
 
     env = simpy.Environment()
     rec = Recorder()
