@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from servesim.costmodels import plan_memory
 from servesim.simulator.config import load_config, resolve_config
 from servesim.simulator.runner import run_experiment
