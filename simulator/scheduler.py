@@ -299,7 +299,8 @@ class Scheduler:
                 need += nb
         if need > self.kv.get_num_free_blocks():
             return False
-        # Commit: members crossing a block boundary get a new block, in running order.
+        # Commit: members crossing a block boundary get a new block (handed out in arrival
+        # order; only block ids depend on it, no decision does).
         kv = self.kv
         pool = kv.block_pool
         if bucket:
