@@ -58,8 +58,10 @@ class Replica:
     """One vLLM engine (``EngineCore``): scheduler + KV cache + step cost model."""
 
     def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
-                 recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0):
+                 recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0,
+                 max_concurrent_batches: int = 1):
         self.env = env
+        self.max_concurrent_batches = max_concurrent_batches
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.step_seconds = step_seconds
@@ -82,53 +84,109 @@ class Replica:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def _run(self):
-        env = self.env
-        sched = self.scheduler
-        kv = self.kv
+    def _idle(self):
+        """Sleep until the next request arrives."""
+        self._wake = self.env.event()
+        yield self._wake
+        self._wake = None
+
+    def _recorder(self):
+        """A closure appending one step's row to the step columns (array appends only)."""
+        sched, kv = self.scheduler, self.kv
         stats = kv.prefix_cache_stats
-        step_cols = self.rec.step
-        c_time, c_dt, c_tok = step_cols["time_s"], step_cols["step_seconds"], step_cols["step_tokens"]
-        c_run, c_wait, c_kv = step_cols["running"], step_cols["waiting"], step_cols["kv_usage"]
-        c_pre, c_q, c_h = step_cols["preemptions"], step_cols["prefix_queries"], step_cols["prefix_hits"]
-        c_nd, c_pt = step_cols["num_decode"], step_cols["prefill_tokens"]
-        itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
-        step_seconds = self.step_seconds
-        on_finish = self.on_finish
-        while True:
-            if not sched.has_requests():
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
-            out = sched.schedule()
-            if out.total_num_scheduled_tokens == 0:
-                # Nothing fits and nothing runs: cannot happen for requests that passed the
-                # admission check; wait for the next arrival rather than spin.
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
+        cols = self.rec.step
+        c_time, c_dt, c_tok = cols["time_s"], cols["step_seconds"], cols["step_tokens"]
+        c_run, c_wait, c_kv = cols["running"], cols["waiting"], cols["kv_usage"]
+        c_pre, c_q, c_h = cols["preemptions"], cols["prefix_queries"], cols["prefix_hits"]
+        c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
+        usage = kv.block_pool.get_usage
+
+        def record(out, now: float, dt: float) -> None:
             shape = out.shape
-            dt = step_seconds(shape)
-            yield env.timeout(dt)
-            now = env.now
             self.num_steps += 1
-            self.busy_seconds += dt
-            finished = sched.update_from_output(out, now, dt, itl_e, itl_w)
             c_time.append(now)
             c_dt.append(dt)
             c_tok.append(out.total_num_scheduled_tokens)
             c_run.append(sched.num_running)
             c_wait.append(sched.num_waiting)
-            c_kv.append(kv.block_pool.get_usage())
+            c_kv.append(usage())
             c_pre.append(sched.num_preemptions)
             c_q.append(stats.queries)
             c_h.append(stats.hits)
             c_nd.append(shape.num_decode)
             c_pt.append(shape.num_tokens - shape.num_decode)
+
+        return record
+
+    def _run(self):
+        """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update."""
+        if self.max_concurrent_batches > 1:
+            yield from self._run_batch_queue()
+            return
+        env = self.env
+        sched = self.scheduler
+        itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
+        step_seconds = self.step_seconds
+        on_finish = self.on_finish
+        record = self._recorder()
+        while True:
+            if not sched.has_requests():
+                yield from self._idle()
+                continue
+            out = sched.schedule()
+            if out.total_num_scheduled_tokens == 0:
+                # Nothing fits and nothing runs: cannot happen for requests that passed the
+                # admission check; wait for the next arrival rather than spin.
+                yield from self._idle()
+                continue
+            dt = step_seconds(out.shape)
+            yield env.timeout(dt)
+            now = env.now
+            self.busy_seconds += dt
+            finished = sched.update_from_output(out, now, dt, itl_e, itl_w)
+            record(out, now, dt)
             for r in finished:
                 on_finish(r)
+
+    def _run_batch_queue(self):
+        """``EngineCore.step_with_batch_queue`` for pipeline parallelism: up to
+        ``max_concurrent_batches`` (= pp) batches in flight. A batch's latency is the cost
+        model's step time (all stages + handoffs); it holds each stage for latency / pp, so a
+        new batch enters the pipeline every latency / pp while the queue has room. Requests of
+        a batch in flight advance ``num_computed_tokens`` at schedule time (vLLM's
+        ``_update_after_schedule``), so an in-flight decode is not scheduled again until its
+        token is back, while a long prompt's next chunk can follow its previous one."""
+        env = self.env
+        sched = self.scheduler
+        itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
+        pp = self.max_concurrent_batches
+        record = self._recorder()
+        inflight: deque = deque()  # (out, start, done)
+        stage_free = 0.0
+        while True:
+            if len(inflight) < pp and sched.has_requests():
+                out = sched.schedule()
+                if out.total_num_scheduled_tokens:
+                    for req, n, c in out.scheduled:
+                        req.num_computed_tokens = c + n
+                    out.advanced = True
+                    latency = self.step_seconds(out.shape)
+                    start = max(env.now, stage_free)
+                    stage_free = start + latency / pp
+                    inflight.append((out, start, start + latency))
+                    self.busy_seconds += latency / pp
+                    continue
+            if not inflight:
+                yield from self._idle()
+                continue
+            out, start, done = inflight.popleft()
+            if done > env.now:
+                yield env.timeout(done - env.now)
+            now = env.now
+            finished = sched.update_from_output(out, now, now - start, itl_e, itl_w)
+            record(out, now, now - start)
+            for r in finished:
+                self.on_finish(r)
 
 
 class Client:

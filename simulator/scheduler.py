@@ -24,7 +24,7 @@ one token in a step (enough budget, enough free blocks: checked before anything 
 group's counters advance implicitly with a step counter; only members that cross a block
 boundary (a new block every ``block_size`` steps) or finish (a finish calendar) are touched.
 Any other step runs the exact per-request loop above on materialised counters. Both paths make
-identical decisions; ``tests/simulator/test_fast_path.py`` checks it on random workloads.
+identical decisions; ``tests/simulator/test_properties.py`` checks it on random workloads.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class SchedulerOutput:
     """
 
     __slots__ = (
+        "advanced",
         "fast",
         "group_members",
         "num_group",
@@ -78,6 +79,9 @@ class SchedulerOutput:
         self.total_num_scheduled_tokens = 0
         self.fast = False
         self.group_members: list[Request] | None = None  # only when recording schedules
+        # True when the engine advanced num_computed_tokens right after schedule() (several
+        # batches in flight under pipeline parallelism), as vLLM's _update_after_schedule does.
+        self.advanced = False
 
     def as_dict(self) -> dict[str, int]:
         """{request_id: num_scheduled_tokens} (tests; needs ``record_schedules``)."""
@@ -115,6 +119,13 @@ class _WaitingQueue:
 
     def pop_request(self) -> Request:
         return heapq.heappop(self._heap)[3] if self.priority else self._dq.popleft()
+
+    def remove(self, req: Request) -> None:
+        if self.priority:
+            self._heap = [e for e in self._heap if e[3] is not req]
+            heapq.heapify(self._heap)
+        else:
+            self._dq.remove(req)
 
     def prepend_requests(self, reqs: Iterable[Request]) -> None:
         for r in reversed(list(reqs)):
@@ -466,7 +477,8 @@ class Scheduler:
                 req.status = status
                 finished.append(req)
         for req, n, c in out.scheduled:
-            req.num_computed_tokens = c + n
+            if not out.advanced:
+                req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
                 req.first_scheduled_time = now - dt
             if c + n != req.num_tokens:
@@ -480,6 +492,8 @@ class Scheduler:
             req.last_token_time = now
             target, status = self._target_outputs(req)
             if req.num_output_tokens >= target:
+                if req.status == RequestStatus.PREEMPTED:  # its batch was still in flight
+                    self.waiting.remove(req)
                 req.status = status
                 finished.append(req)
         if finished:
