@@ -10,7 +10,6 @@ time and counted as failed, never dropped.
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -320,7 +319,3 @@ class Client:
         if delay > 0:
             yield self.env.timeout(delay)
         self._offer(spec)
-
-
-def finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -176,7 +175,3 @@ def _step_columns(rec: Recorder, interval: float | None) -> dict[str, np.ndarray
         s["time_s"] = (bucket[last] + 1) * interval
     names = dict(zip(Recorder.STEP, STEP_COLUMNS))
     return {names[k]: v for k, v in s.items()}
-
-
-def nan_to_none(x: float):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
