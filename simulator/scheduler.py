@@ -391,6 +391,13 @@ class Scheduler:
         if req in self._partials:
             self._partials.remove(req)
 
+    def _prefix_head_start(self, req: Request) -> tuple[list, int]:
+        """(hit blocks, computed tokens) for the waiting head: a prefix-cache lookup when it
+        has no computed tokens (new or preempted), as vLLM's schedule() does."""
+        if req.num_computed_tokens == 0:
+            return self.kv.get_computed_blocks(req)
+        return [], req.num_computed_tokens
+
     def _admit(self, out: SchedulerOutput, n: int, num_computed: int) -> Request:
         """Move the head of ``waiting`` to ``running``, scheduled for ``n`` new tokens after
         ``num_computed`` (prefix hits); its KV slots are already allocated."""
@@ -414,10 +421,7 @@ class Scheduler:
             if len(running) == self.max_num_running_reqs:
                 break
             req = waiting.peek_request()
-            if req.num_computed_tokens == 0:
-                hits, num_computed = kv.get_computed_blocks(req)
-            else:
-                hits, num_computed = [], req.num_computed_tokens
+            hits, num_computed = self._prefix_head_start(req)
             n = req.num_tokens - num_computed
             if 0 < self.threshold < n:
                 n = self.threshold

@@ -61,10 +61,7 @@ class PolicyScheduler(Scheduler):
         admitted = 0
         while len(waiting) and len(running) < self.max_num_running_reqs:
             req = waiting.peek_request()
-            if req.num_computed_tokens == 0:
-                hits, num_computed = kv.get_computed_blocks(req)
-            else:
-                hits, num_computed = [], req.num_computed_tokens
+            hits, num_computed = self._prefix_head_start(req)
             n = req.num_tokens - num_computed
             cap = self.max_model_len - 1 - num_computed
             n = min(n, cap) if cap > 0 else n

@@ -68,10 +68,7 @@ class SarathiScheduler(PolicyScheduler):
         bs = self.block_size
         while len(waiting) and budget > 0 and len(running) < self.max_num_running_reqs:
             req = waiting.peek_request()
-            if req.num_computed_tokens == 0:
-                hits, num_computed = kv.get_computed_blocks(req)
-            else:
-                hits, num_computed = [], req.num_computed_tokens
+            hits, num_computed = self._prefix_head_start(req)
             remaining = req.num_tokens - num_computed
             n = remaining
             if 0 < self.threshold < n:
