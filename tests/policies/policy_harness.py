@@ -1,55 +1,18 @@
-"""Step-by-step driver for policy tests: any registered scheduler on any registered allocator."""
+"""Step-by-step driver for policy tests: the simulator tests' harness, with steps as dicts."""
 
 from __future__ import annotations
 
-from servesim.simulator.registry import get_kv_allocator, get_scheduler
-from servesim.simulator.request import Request
-from servesim.simulator.scheduler import SchedulerParams
-from servesim.workloads.schema import RequestSpec
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simulator"))
+
+from harness import Harness
 
 
-class PolicyHarness:
-    def __init__(self, policy="fcfs", allocator="paged", *, num_blocks=1000, block_size=16,
-                 max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=4096,
-                 threshold=0, enable_caching=True, chunked=True, fast_path=True, **kw):
-        self.kv = get_kv_allocator(allocator)(num_blocks, block_size, enable_caching,
-                                              max_model_len)
-        params = SchedulerParams(max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens,
-                                 max_model_len=max_model_len, block_size=block_size,
-                                 long_prefill_token_threshold=threshold,
-                                 enable_chunked_prefill=chunked, policy=policy)
-        self.sched = get_scheduler(policy)(params, self.kv, fast_path=fast_path,
-                                           record_schedules=True, **kw)
-        self.max_model_len = max_model_len
-        self.now = 0.0
-        self.n = 0
-        self.finished: list[Request] = []
-        self.itl_e: list = []
-        self.itl_w: list = []
-        self.reqs: dict[str, Request] = {}
-
-    def add(self, rid, prompt_len, max_tokens, *, prefix_ids=None):
-        spec = RequestSpec(arrival_s=self.now, prompt_len=prompt_len, output_len=max_tokens,
-                           request_id=rid,
-                           prefix_block_ids=tuple(prefix_ids) if prefix_ids else None)
-        r = Request(spec, self.n, self.max_model_len, self.now)
-        self.n += 1
-        self.reqs[rid] = r
-        self.sched.add_request(r)
-        return r
+class PolicyHarness(Harness):
+    def __init__(self, policy="fcfs", allocator="paged", **kw):
+        super().__init__(policy=policy, allocator=allocator, **kw)
 
     def step(self, dt=1.0) -> dict:
-        out = self.sched.schedule()
-        self.now += dt
-        done = self.sched.update_from_output(out, self.now, dt, self.itl_e, self.itl_w)
-        for r in done:
-            r.finish_time = self.now
-        self.finished.extend(done)
-        return out.as_dict()
-
-    def run(self, max_steps=100000) -> list[dict]:
-        steps = []
-        while self.sched.has_requests() and len(steps) < max_steps:
-            steps.append(self.step())
-        return steps
+        return super().step(dt).as_dict()

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from servesim.simulator.kv_cache import KVCacheManager
+from servesim.simulator.registry import get_kv_allocator, get_scheduler
 from servesim.simulator.request import Request
-from servesim.simulator.scheduler import Scheduler, SchedulerParams
+from servesim.simulator.scheduler import SchedulerParams
 from servesim.workloads.schema import RequestSpec
 
 
 class Harness:
+    """Drive any registered scheduler policy on any registered KV allocator step by step."""
+
     def __init__(self, *, num_blocks=1000, block_size=16, max_num_seqs=256,
                  max_num_batched_tokens=2048, max_model_len=4096, threshold=0,
-                 enable_caching=True, policy="fcfs", fast_path=True, chunked=True):
-        self.kv = KVCacheManager(num_blocks, block_size, enable_caching, max_model_len)
+                 enable_caching=True, policy="fcfs", allocator="paged", fast_path=True,
+                 chunked=True, **policy_kw):
+        self.kv = get_kv_allocator(allocator)(num_blocks, block_size, enable_caching,
+                                              max_model_len)
         params = SchedulerParams(max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  max_model_len=max_model_len, block_size=block_size,
                                  long_prefill_token_threshold=threshold,
                                  enable_chunked_prefill=chunked, policy=policy)
-        self.sched = Scheduler(params, self.kv, fast_path=fast_path, record_schedules=True)
+        self.sched = get_scheduler(policy)(params, self.kv, fast_path=fast_path,
+                                           record_schedules=True, **policy_kw)
         self.max_model_len = max_model_len
         self.now = 0.0
         self.n = 0
@@ -53,6 +58,6 @@ class Harness:
         """Run until idle; return the list of per-step {request_id: n} dicts."""
         steps = []
         while self.sched.has_requests() and len(steps) < max_steps:
-            out = self.step()
+            out = Harness.step(self)
             steps.append(out.as_dict())
         return steps
