@@ -44,6 +44,24 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def load_paged_kv_tile(k_cache_ptr, v_cache_ptr, bt_row, pos, pmask, kvh, d, dmask,
+                       stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                       PAGE: tl.constexpr):
+    """Gather K (transposed, [HEAD_DIM_PAD, BLOCK_N]) and V ([BLOCK_N, HEAD_DIM_PAD]) for token
+    positions ``pos`` of one sequence through its block table row (vLLM's paged layout:
+    physical row = block_table[pos // PAGE], slot pos % PAGE). Shared by decode and prefill."""
+    page = tl.load(bt_row + pos // PAGE, mask=pmask, other=0).to(tl.int64)
+    slot = pos % PAGE
+    kt = tl.load(k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_kt
+                 + kvh * stride_kh + d[:, None],
+                 mask=dmask[:, None] & pmask[None, :], other=0.0)
+    v = tl.load(v_cache_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vt
+                + kvh * stride_vh + d[None, :],
+                mask=pmask[:, None] & dmask[None, :], other=0.0)
+    return kt, v
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
@@ -84,15 +102,9 @@ def _paged_decode_kernel(
     for t0 in range(start, end, BLOCK_N):
         tok = t0 + offs_n
         tmask = tok < end
-        page = tl.load(bt_row + tok // PAGE, mask=tmask, other=0).to(tl.int64)
-        slot = tok % PAGE
-        # K loaded transposed: [HEAD_DIM_PAD, BLOCK_N]
-        kt = tl.load(k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_kt
-                     + kvh * stride_kh + d[:, None],
-                     mask=dmask[:, None] & tmask[None, :], other=0.0)
-        v = tl.load(v_cache_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vt
-                    + kvh * stride_vh + d[None, :],
-                    mask=tmask[:, None] & dmask[None, :], other=0.0)
+        kt, v = load_paged_kv_tile(k_cache_ptr, v_cache_ptr, bt_row, tok, tmask, kvh, d, dmask,
+                                   stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+                                   stride_vh, PAGE)
         if KV_FP8:
             kt = (kt.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from servesim.kernels.paged_attention import load_paged_kv_tile
 from servesim.kernels.util import interpreting, next_pow2
 
 BLOCK_M = 128  # MMA rows per program (tokens x heads of one KV head)
@@ -93,14 +94,9 @@ def _chunked_prefill_kernel(
     for t0 in range(0, kv_end, BLOCK_N):
         kpos = t0 + offs_n
         kmask = kpos < kv_end
-        page = tl.load(bt_row + kpos // PAGE, mask=kmask, other=0).to(tl.int64)
-        slot = kpos % PAGE
-        kt = tl.load(k_cache_ptr + page[None, :] * stride_kb + slot[None, :] * stride_kt
-                     + kvh * stride_kh + d[:, None],
-                     mask=dmask[:, None] & kmask[None, :], other=0.0)
-        v = tl.load(v_cache_ptr + page[:, None] * stride_vb + slot[:, None] * stride_vt
-                    + kvh * stride_vh + d[None, :],
-                    mask=kmask[:, None] & dmask[None, :], other=0.0)
+        kt, v = load_paged_kv_tile(k_cache_ptr, v_cache_ptr, bt_row, kpos, kmask, kvh, d,
+                                   dmask, stride_kb, stride_kt, stride_kh, stride_vb,
+                                   stride_vt, stride_vh, PAGE)
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
