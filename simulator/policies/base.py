@@ -21,12 +21,17 @@ class PolicyScheduler(Scheduler):
     """Base for policies that override :meth:`schedule`."""
 
     policy_name = "policy"
+    # Prefill whole prompts: long_prefill_token_threshold and chunked prefill do not apply.
+    whole_prompts = False
 
     def __init__(self, params: SchedulerParams, kv_cache_manager: KVCacheManager,
                  fast_path: bool = False, record_schedules: bool = False):
         super().__init__(replace(params, policy="fcfs"), kv_cache_manager, fast_path=False,
                          record_schedules=record_schedules)
         self.params = replace(params, policy=self.policy_name)
+        if self.whole_prompts:
+            self.threshold = 0
+            self.chunked = False
 
     # -- helpers -------------------------------------------------------------------------------
     def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> tuple[bool, int]:

@@ -25,11 +25,7 @@ from servesim.simulator.scheduler import SchedulerOutput
 
 class OrcaScheduler(PolicyScheduler):
     policy_name = "orca"
-
-    def __init__(self, *args, **kw):
-        super().__init__(*args, **kw)
-        self.threshold = 0
-        self.chunked = False
+    whole_prompts = True
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
