@@ -4,10 +4,22 @@ Every GPU operator (vLLM module names, TP-sharded shapes, totals over all layers
 
     seconds = max(flops / (peak_flops · eff_c), bytes / (mem_bw · eff_m)) + kernels · kernel_fixed_s
 
-with efficiencies from a calibration file (``roofline / eff(shape)``, provenance
-``calibrated:<file>``; its measured times include the fixed kernel cost) or the documented
-:class:`Efficiencies` defaults (provenance ``default``). Collectives use the spec-sheet link
-bandwidth and latency (provenance ``spec-sheet``). The step is then
+with the documented :class:`Efficiencies` defaults (provenance ``roofline:default``), unless a
+calibration file measured that op family (``costmodels/calibration.py``): then the op takes the
+measured kernel time interpolated in the table's own coordinates (provenance
+``calibration:<source>``; measured times include the kernel's fixed cost), or, outside the
+measured range, the roofline at the nearest measured efficiency (``roofline:nearest/<source>``):
+
+- GEMMs: per linear module, (m = tokens, n, k) in the weight format's dtype table;
+- attention: decode rows as one call of (batch = num_decode, context = mean context), each
+  prefill chunk over its cached context; parts that vLLM runs in one kernel call
+  (FlashAttention/Triton varlen: all of them; FlashInfer: the prefill chunks) share one
+  latency floor;
+- TP all-reduce: per call, by message bytes and TP size, CUDA-graph or eager as the step runs;
+- MoE: the fused routed-expert layer by tokens (per expert) for the model's exact shape.
+
+Without a table, collectives use the spec-sheet link bandwidth and latency (provenance
+``spec-sheet``). The step is then
 
     gpu_fwd = max(Σ gpu ops, cpu kernel-launch time)         (launches overlap GPU work)
     host    = per_step + per_request · num_reqs + per_token · num_tokens
@@ -38,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from servesim.costmodels.batch import BatchShape, OpCost, StepCost
-from servesim.costmodels.calibration import Calibration, load_calibration
+from servesim.costmodels.calibration import Calibration, gemm_roof, load_calibration
 from servesim.costmodels.quant import (
     ACT_BYTES,
     WeightFormat,
@@ -54,7 +66,8 @@ from servesim.costmodels.specs import (
 )
 from servesim.simulator.errors import ConfigError
 
-DEFAULT = "default"
+DEFAULT = "roofline:default"
+HOST_DEFAULT = "default"  # host-overhead priors (HostOverhead), not a roofline
 SPEC_SHEET = "spec-sheet"
 
 
@@ -204,8 +217,8 @@ class StepCostModel:
             host = HostOverhead.from_dict(calibration.host) if calibration and \
                 calibration.host else HostOverhead()
         self.host = host
-        self.host_provenance = calibration.label if calibration and calibration.host \
-            else DEFAULT
+        self.host_provenance = f"calibration:{calibration.host_source}" if calibration and \
+            calibration.host else HOST_DEFAULT
         self.async_scheduling = async_scheduling
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
 
@@ -214,9 +227,8 @@ class StepCostModel:
         self.peak_w = hw.peak_flops(self.weight_format.compute)
         self.bw = hw.mem_bw
         cal = calibration
-        self._prov = cal.label if cal else DEFAULT
         self._ew_eff = (cal.memcpy_eff if cal and cal.memcpy_eff else efficiencies.elementwise_memory)
-        self._ew_prov = cal.label if cal and cal.memcpy_eff else DEFAULT
+        self._ew_prov = f"calibration:{cal.memcpy_source}" if cal and cal.memcpy_eff else DEFAULT
 
         # -- geometry per rank -------------------------------------------------------------------
         L = spec.num_hidden_layers
@@ -270,14 +282,23 @@ class StepCostModel:
         self._pF = L * pre_fpp / (self.peak * e.attn_prefill_compute)
         self._pBkv = L * kv_tok / (self.bw * e.attn_prefill_memory)
         self._pBr = L * self._pre_rb1 / (self.bw * e.attn_prefill_memory)
-        self._cal_dec = cal is not None and cal.decode is not None
-        self._cal_pre = cal is not None and cal.prefill is not None
+        # measured attention tables (GQA/MHA layouts; MLA has its own kernels: roofline)
+        self._layout = (self.nh_r, spec.kv_heads_per_rank(tp), spec.head_dim,
+                        "fp8" if kv_dtype_bytes == 1 else "bfloat16")
+        self._cal_dec = cal is not None and cal.has("decode_attention") and not spec.is_mla
+        self._cal_pre = cal is not None and cal.has("prefill_attention") and not spec.is_mla
         # measured attention kernels include their own fixed cost; reshape_and_cache is not
         n_fixed = _K_ATTN - 1 if (self._cal_dec or self._cal_pre) else _K_ATTN
         self._attn_fixed = L * n_fixed * e.kernel_fixed_s
-        self._attn_prov = cal.label if (self._cal_dec or self._cal_pre) else DEFAULT
-        self._dec_eff_cache: dict[tuple[int, int], float] = {}
-        self._pre_eff_cache: dict[tuple[int, int], float] = {}
+        # parts of one step's attention that run in one kernel call share its latency floor
+        self._attn_floor = 0.0
+        self._attn_unified = True
+        if self._cal_dec and self._cal_pre:
+            self._attn_floor = L * cal.attention_floor(*self._layout)
+            self._attn_unified = cal.unified_attention()
+        self._dec_cache: dict[tuple[int, int], tuple[float, str]] = {}
+        self._pre_cache: dict[tuple[int, int], tuple[float, str]] = {}
+        self._moe_cache: dict[int, tuple[float, str] | None] = {}
 
         # -- CPU launches per step, by runtime mode (the LM head/sampler run eagerly always) -----
         self._layer_kernels = self._kernels_per_layer()
@@ -342,19 +363,41 @@ class StepCostModel:
             ec, em = e.gemm_compute, e.gemm_memory
             kernels = _K_GEMM if lin.op != "router" else _K_ROUTER
         peak = self.peak_w if lin.quantized else self.peak
-        if cal is not None and cal.gemm:
-            comp = self.weight_format.compute if lin.quantized else "bf16"
-            eff = cal.gemm_eff(max(m_eff, 1.0), n, k, comp)
+        if cal is not None and cal.has("gemm"):
+            dtype, wb_, ab_, comp = self._gemm_format(lin)
             roof = max(flops / peak, nbytes / self.bw)
-            sec = roof / eff
             bound = "compute" if flops / peak > nbytes / self.bw else "memory"
-            prov = cal.label
+            m = max(m_eff, 1.0)
+            t1, prov = cal.gemm(m, n, k, dtype, weight_bytes=wb_, act_bytes=ab_, compute=comp)
+            if lin.num_experts > 1:  # grouped GEMM: the measured efficiency at m rows/expert
+                eff = min(1.0, gemm_roof(cal.peaks, m, n, k, wb_, ab_, comp) / t1)
+                sec = roof / eff
+            else:
+                sec = t1
+                eff = roof / sec if sec > 0 else 1.0
         else:
             sec, bound, eff = _roof(flops, nbytes, peak, self.bw, ec, em)
             sec += kernels * e.kernel_fixed_s
             prov = DEFAULT
         L = lin.layers
         return OpCost(name, L, sec * L, flops * L, nbytes * L, bound, eff, prov)
+
+    def _gemm_format(self, lin: Linear) -> tuple[str, float, float, str]:
+        """(GEMM table dtype, weight bytes, activation bytes, tensor rate) of a linear:
+        W8A8 fp8 → ``fp8`` (``fp8_block`` with block-scaled checkpoints), int8 → ``int8``,
+        bf16/fp16 → ``bfloat16``; weight-only formats (W4A16, fp8 Marlin) keep their name
+        (no table: the bf16 table scaled by the rooflines)."""
+        if not lin.quantized:
+            return "bfloat16", ACT_BYTES, ACT_BYTES, "bf16"
+        wf = self.weight_format
+        if wf.compute == "fp8":
+            return ("fp8_block" if self.spec.weight_block_size else "fp8",
+                    wf.bytes_per_param, 1.0, "fp8")
+        if wf.compute == "int8":
+            return "int8", wf.bytes_per_param, 1.0, "int8"
+        if wf.name in ("bf16", "fp16"):
+            return "bfloat16", wf.bytes_per_param, ACT_BYTES, "bf16"
+        return wf.name, wf.bytes_per_param, ACT_BYTES, "bf16"
 
     def _elementwise(self, name: str, count: int, nbytes: float, kernels: int) -> OpCost:
         """Memory-bound op: bytes / (bw · eff) + kernels · fixed, totals over ``count`` calls."""
@@ -363,14 +406,25 @@ class StepCostModel:
         return OpCost(name, count, t * count, 0.0, nbytes * count, "memory", self._ew_eff,
                       self._ew_prov)
 
-    def _comm(self, name: str, count: int, payload: float, kind: str = "all_reduce") -> OpCost:
-        """TP all-reduce of ``payload`` bytes per call (spec-sheet link bw/latency):
+    def _comm(self, name: str, count: int, payload: float, kind: str = "all_reduce",
+              graph: bool = True) -> OpCost:
+        """TP all-reduce of ``payload`` bytes per call: the measured all-reduce table of the
+        calibration (by bytes and TP size; CUDA-graph or eager per ``graph``) when there is
+        one, else from the spec-sheet link bw/latency:
 
         ring: 2(p−1)·lat + 2(p−1)/p · B / bw; one-shot (vLLM custom all-reduce over a P2P
         fabric, B ≤ 8 MiB): lat + (p−1) · B / bw; two-shot: 2·lat + 2(p−1)/p · B / bw.
         PP handoff: lat + B / bw.
         """
         hw, p = self.hw, self.tp
+        cal = self.calibration
+        if kind == "all_reduce" and cal is not None and cal.has("allreduce"):
+            got = cal.allreduce(p, payload, graph)
+            if got is not None:
+                t, prov = got
+                roof = 2 * (p - 1) / p * payload / hw.link_bw
+                return OpCost(name, count, t * count, 0.0, payload * count, "link",
+                              roof / t if t > 0 else 1.0, prov)
         lat, bw = hw.link_latency, hw.link_bw
         if kind == "send":
             algos = [(lat, payload / bw)]
@@ -432,11 +486,36 @@ class StepCostModel:
             ops.append(self._elementwise("shared_experts.act_fn", s.num_moe_layers,
                                          3 * T * ish * ACT_BYTES, _K_ACT))
         ops.extend(merged.values())
+        if "experts" in merged:
+            self._moe_from_table(ops, T)
         if tp > 1:
-            ops.append(self._comm("all_reduce", 2 * L + 1, T * h * ACT_BYTES))
+            graph = 0 < T <= self._max_graph
+            ops.append(self._comm("all_reduce", 2 * L + 1, T * h * ACT_BYTES, graph=graph))
         if self.pp > 1:
             ops.append(self._comm("pp_send_recv", self.pp - 1, 2 * T * h * ACT_BYTES, "send"))
         return ops
+
+    def _moe_from_table(self, ops: list[OpCost], T: int) -> None:
+        """Replace the routed-experts op's time by the measured fused-MoE layer time (per
+        layer: tokens ``T``, the model's exact expert shape at this TP), when tabled."""
+        cal, s = self.calibration, self.spec
+        if cal is None or not cal.has("moe"):
+            return
+        got = self._moe_cache.get(T, 0)
+        if got == 0:
+            lin = next(g for g, _, _ in self._gemms if g.op == "experts")
+            got = cal.moe(self._gemm_format(lin)[0], s.hidden_size, s.moe_intermediate_size,
+                          s.num_experts_per_tok, s.num_experts, self.tp, T)
+            self._moe_cache[T] = got
+        if got is None:
+            return
+        t, prov = got
+        for i, op in enumerate(ops):
+            if op.name == "experts":
+                sec = t * op.count
+                roof = max(op.flops / self.peak_w, op.bytes / self.bw)
+                ops[i] = OpCost(op.name, op.count, sec, op.flops, op.bytes, op.bound,
+                                roof / sec if sec > 0 else 1.0, prov)
 
     def _dense_seconds(self, T: int) -> float:
         t = 0.0
@@ -477,14 +556,17 @@ class StepCostModel:
             x = ctx * self._dF
             y = ctx * self._dB + nd * self._dBr
             return max(y, x)
+        return self._decode_cal(nd, ctx)[0]
+
+    def _decode_cal(self, nd: int, ctx: int) -> tuple[float, str]:
+        """Measured decode attention, all layers: one call of ``nd`` rows at the mean context
+        (16-token buckets), (seconds, provenance)."""
         key = (nd, (ctx // nd) >> 4)
-        eff = self._dec_eff_cache.get(key)
-        if eff is None:
-            eff = self.calibration.decode_eff(nd, max(1, key[1] << 4 | 8))
-            self._dec_eff_cache[key] = eff
-        f = ctx * self._dec_f1 / self.peak
-        b = (ctx * self._dec_b1 + nd * self._dec_rb1) / self.bw
-        return self.L * (max(b, f)) / eff
+        got = self._dec_cache.get(key)
+        if got is None:
+            t, prov = self.calibration.decode(*self._layout, nd, max(1, key[1] << 4 | 8))
+            got = self._dec_cache[key] = (self.L * t, prov)
+        return got
 
     def _prefill_attn(self, c: int, p: int) -> float:
         """Prefill chunk of ``c`` new tokens after ``p`` cached ones (all layers, seconds):
@@ -501,14 +583,31 @@ class StepCostModel:
             x = pairs * self._pF
             y = kv * self._pBkv + c * self._pBr
             return max(y, x)
+        return self._prefill_cal(c, p)[0]
+
+    def _prefill_cal(self, c: int, p: int) -> tuple[float, str]:
+        """Measured prefill attention of one chunk, all layers (cached context in 16-token
+        buckets), (seconds, provenance). A sliding window caps the cached context the chunk
+        sees at ``window`` (and its causal pairs at the windowed count)."""
         key = (c, p >> 4)
-        eff = self._pre_eff_cache.get(key)
-        if eff is None:
-            eff = self.calibration.prefill_eff(c, key[1] << 4)
-            self._pre_eff_cache[key] = eff
-        f = pairs * self._pre_f1 / self.peak
-        b = (kv * self._pre_b1_kv + c * self._pre_rb1) / self.bw
-        return self.L * (max(b, f)) / eff
+        got = self._pre_cache.get(key)
+        if got is None:
+            p16 = key[1] << 4
+            w = self.window
+            pe = min(p16, w) if w else p16
+            t, prov = self.calibration.prefill(*self._layout, c, pe)
+            if w and c > w:
+                t *= (_window_pairs(p16 + c, w) - _window_pairs(p16, w)) / (
+                    c * pe + c * (c + 1) / 2)
+            got = self._pre_cache[key] = (self.L * t, prov)
+        return got
+
+    def _attn_shared(self, nd: int, n_pre: int) -> float:
+        """Seconds of latency floor not paid twice: attention parts that vLLM runs in one
+        kernel call per layer (all prefill chunks; with FlashAttention/Triton also the decode
+        rows) pay the measured floor once (0 without measured attention)."""
+        n = (n_pre - 1 if n_pre else 0) + (1 if nd and n_pre and self._attn_unified else 0)
+        return n * self._attn_floor
 
     # -- the hot path ----------------------------------------------------------------------------
 
@@ -552,6 +651,8 @@ class StepCostModel:
                 pc = tuple(pc) + (0,) * (len(pre) - len(pc))
             for c, p in zip(pre, pc):
                 gpu += self._prefill_attn(c, p)
+            if self._attn_floor:
+                gpu -= self._attn_shared(nd, len(pre))
         launch = self._launch[mode]
         s = batch.num_sampled
         if s:
@@ -584,29 +685,37 @@ class StepCostModel:
         attn_s = self._attn_fixed if T else 0.0
         flops = nbytes = 0.0
         L = self.L
+        provs = set()
         if nd:
             ctx = batch.decode_context_sum
             if self.window and ctx > nd * self.window:
                 ctx = nd * self.window
             attn_s += self._decode_attn(nd, ctx)
+            provs.add(self._decode_cal(nd, ctx)[1] if self._cal_dec else DEFAULT)
             flops += L * ctx * self._dec_f1
             nbytes += L * (ctx * self._dec_b1 + nd * self._dec_rb1)
         pc = tuple(batch.prefill_context) + (0,) * (len(pre) - len(batch.prefill_context))
         for c, p in zip(pre, pc):
             attn_s += self._prefill_attn(c, p)
+            provs.add(self._prefill_cal(c, p)[1] if self._cal_pre else DEFAULT)
             w = self.window
             pairs = (_window_pairs(p + c, w) - _window_pairs(p, w)) if w else c * p + c * (
                 c + 1) / 2
             kv = min(p + c, w + c) if w else p + c
             flops += L * pairs * self._pre_f1
             nbytes += L * (kv * self._pre_b1_kv + c * self._pre_rb1)
+        if pre and self._attn_floor:
+            attn_s -= self._attn_shared(nd, len(pre))
         if T:
+            # one label: the least direct source among the parts
+            prov = min(provs, key=lambda x: (x.startswith("calibration:"),
+                                             x.startswith("roofline:nearest"), x))
             t_c, t_m = flops / self.peak, nbytes / self.bw
             bound = "compute" if t_c > t_m else "memory"
             # effective efficiency: roofline at 100% / modelled time
             eff = max(t_c, t_m) / attn_s if attn_s else 0.0
             ops.insert(self._attn_index(ops), OpCost("attn", L, attn_s, flops, nbytes, bound,
-                                                     eff, self._attn_prov))
+                                                     eff, prov))
         ops.extend(self.head_ops(batch.num_sampled))
         gpu = 0.0
         for op in ops:

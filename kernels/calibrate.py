@@ -427,8 +427,10 @@ def validate_calibration(doc, where: str) -> dict:
     """Check a calibration document against the DEVELOPERS.md schema; one-line errors."""
     if not isinstance(doc, dict):
         raise ServesimError(f"{where}: expected a mapping at the top level")
+    if doc.get("version") == 2:
+        return _validate_v2(doc, where)
     if doc.get("version") != 1:
-        raise ServesimError(f"{where}: version: expected 1, got {doc.get('version')!r}")
+        raise ServesimError(f"{where}: version: expected 1 or 2, got {doc.get('version')!r}")
     for key in ("gpu", "fingerprint", "peaks"):
         if key not in doc:
             raise ServesimError(f"{where}: missing top-level key '{key}'")
@@ -456,6 +458,23 @@ def validate_calibration(doc, where: str) -> dict:
     return doc
 
 
+def _validate_v2(doc: dict, where: str) -> dict:
+    """Version 2 (curves per row, all families optional): the cost model's reader parses every
+    row, so what validates here loads there."""
+    from servesim.costmodels.calibration import FAMILIES, Calibration
+
+    for key in ("gpu", "peaks"):
+        if key not in doc:
+            raise ServesimError(f"{where}: missing top-level key '{key}'")
+    for k in ("bf16_tflops", "mem_bw_gbps"):
+        if not isinstance((doc["peaks"] or {}).get(k), (int, float)):
+            raise ServesimError(f"{where}: peaks.{k}: expected a number")
+    if not any(doc.get(f) for f in FAMILIES):
+        raise ServesimError(f"{where}: no rows in any of {', '.join(FAMILIES)}")
+    Calibration(Path(where), doc, None)
+    return doc
+
+
 def read_calibration(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -471,17 +490,28 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
+def _flat(v) -> bool:
+    return not isinstance(v, (dict, list)) or (isinstance(v, list) and all(
+        not isinstance(x, (dict, list)) for x in v))
+
+
 def _represent_dict(dumper, data):
-    flow = all(not isinstance(v, (dict, list)) for v in data.values()) and len(data) > 1
+    flow = all(_flat(v) for v in data.values()) and len(data) > 1
     return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
 
 
+def _represent_list(dumper, data):
+    flow = bool(data) and all(not isinstance(x, (dict, list)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
 _Dumper.add_representer(dict, _represent_dict)
+_Dumper.add_representer(list, _represent_list)
 
 
 def dump_calibration(doc: dict) -> str:
     """YAML text: sections in schema order, one flow mapping per row."""
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=200, allow_unicode=False)
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100000, allow_unicode=False)
 
 
 def write_calibration(doc: dict, path: Path) -> Path:
@@ -492,6 +522,9 @@ def write_calibration(doc: dict, path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(dump_calibration(doc))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a data file is world-readable
     os.replace(tmp, path)
     return path
 
