@@ -101,7 +101,7 @@ def estimate(
     from rich.table import Table
 
     spec, hw = model.spec, model.hw
-    cal = model.calibration.label if model.calibration else "none (default efficiencies)"
+    cal = _calibration_title(model.calibration)
     title = (f"{spec.name} on {hw.name} · TP={model.tp} PP={model.pp} · weights "
              f"{model.weight_format.name} · KV {cfg.cache.cache_dtype} · "
              f"{batch.num_decode} decode @ {context} ctx"
@@ -121,13 +121,25 @@ def estimate(
               _si(sum(o.flops for o in st.breakdown)), _si(sum(o.bytes for o in st.breakdown),
                                                           "B"), "", "", "")
     con = Console()
-    if con.width < 132:  # never truncate a column (provenance last) on narrow/non-tty output
-        con = Console(width=132)
+    need = 110 + max(len(o.provenance) for o in st.breakdown)
+    if con.width < need:  # never truncate a column (provenance last) on narrow/non-tty output
+        con = Console(width=need)
     con.print(t)
     tok = batch.num_decode + prefill_tokens
     con.print(f"step {st.seconds * 1e3:.3f} ms = GPU {st.gpu_seconds * 1e3:.3f} ms + exposed host "
               f"{(st.seconds - st.gpu_seconds) * 1e3:.3f} ms (async_scheduling="
               f"{model.async_scheduling}); {tok / st.seconds:,.0f} tokens/s")
+
+
+def _calibration_title(cal) -> str:
+    """'<files> (<where the numbers come from>)' or 'none (default efficiencies)'."""
+    if cal is None:
+        return "none (default efficiencies)"
+    src = cal.source or {}
+    if src.get("kind") == "aiconfigurator":
+        return (f"{' + '.join(p.name for p in cal.paths)} (aiconfigurator-core "
+                f"{src.get('package_version')}, measured by NVIDIA)")
+    return " + ".join(str(p) for p in cal.paths)
 
 
 def register(app: typer.Typer) -> None:

@@ -486,7 +486,7 @@ class StepCostModel:
             ops.append(self._elementwise("shared_experts.act_fn", s.num_moe_layers,
                                          3 * T * ish * ACT_BYTES, _K_ACT))
         ops.extend(merged.values())
-        if "experts" in merged:
+        if s.num_moe_layers:
             self._moe_from_table(ops, T)
         if tp > 1:
             graph = 0 < T <= self._max_graph
@@ -560,11 +560,11 @@ class StepCostModel:
 
     def _decode_cal(self, nd: int, ctx: int) -> tuple[float, str]:
         """Measured decode attention, all layers: one call of ``nd`` rows at the mean context
-        (16-token buckets), (seconds, provenance)."""
-        key = (nd, (ctx // nd) >> 4)
+        (rounded to a multiple of 16 tokens), (seconds, provenance)."""
+        key = (nd, (ctx // nd + 8) >> 4)
         got = self._dec_cache.get(key)
         if got is None:
-            t, prov = self.calibration.decode(*self._layout, nd, max(1, key[1] << 4 | 8))
+            t, prov = self.calibration.decode(*self._layout, nd, max(1, key[1] << 4))
             got = self._dec_cache[key] = (self.L * t, prov)
         return got
 

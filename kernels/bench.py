@@ -238,3 +238,109 @@ def time_prefill(f: PrefillShape, block_size: int, s: BenchSettings) -> dict:
         kw = {"attn_mask": causal_lower_right(f.chunk, L)}
     vendor_s, impl = _time_sdpa(q4, kc, vc, s, "contiguous kv, causal lower-right", **kw)
     return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl}
+
+
+# --------------------------------------------------------------------------- MoE
+
+
+def _torch_moe(x, w13, w2, topk_ids, topk_w):
+    """Reference routed-expert layer: per expert hit, gather its tokens,
+    ``silu(x·w1ᵀ) * (x·w3ᵀ)`` then ``·w2ᵀ``, scatter-add weighted by the router."""
+    out = torch.zeros_like(x)
+    flat = topk_ids.flatten()
+    order = torch.argsort(flat)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    tok = order // topk_ids.shape[1]
+    wts = topk_w.flatten()[order]
+    start = 0
+    inter = w2.shape[2]
+    for e, c in enumerate(counts):
+        if not c:
+            continue
+        idx = tok[start:start + c]
+        h = x.index_select(0, idx) @ w13[e].t()
+        h = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        out.index_add_(0, idx, (h @ w2[e].t()) * wts[start:start + c, None].to(x.dtype))
+        start += c
+    return out
+
+
+def time_moe(m, s: BenchSettings) -> dict:
+    """``{seconds, kernel}`` of one fused-MoE layer: vLLM's ``fused_experts`` when vLLM is
+    installed (what vLLM runs), else the torch reference above. Balanced routing: token t
+    picks experts ``(t·topk + j) mod E``, so every expert gets the same load."""
+    dt = _DT[m.dtype]
+    i_r = m.inter // m.tp
+    x = torch.randn(m.tokens, m.hidden, device=DEVICE, dtype=dt)
+    w13 = torch.randn(m.experts, 2 * i_r, m.hidden, device=DEVICE, dtype=dt) * 0.02
+    w2 = torch.randn(m.experts, m.hidden, i_r, device=DEVICE, dtype=dt) * 0.02
+    ids = (torch.arange(m.tokens * m.topk, device=DEVICE) % m.experts).view(m.tokens, m.topk)
+    ids = ids.to(torch.int32)
+    wts = torch.full((m.tokens, m.topk), 1.0 / m.topk, device=DEVICE, dtype=torch.float32)
+    try:
+        from vllm.model_executor.layers.fused_moe import fused_experts
+
+        fn = lambda: fused_experts(x, w13, w2, wts, ids)
+        fn()
+        kernel = "vllm fused_experts"
+    except Exception:  # noqa: BLE001 -- no vLLM (or an API change): the reference
+        ids64 = ids.long()
+        fn = lambda: _torch_moe(x, w13, w2, ids64, wts)
+        kernel = "torch reference (per-expert GEMMs)"
+    return {"seconds": bench(fn, s), "kernel": kernel}
+
+
+# --------------------------------------------------------------------------- all-reduce
+
+
+def _allreduce_worker(rank: int, tp: int, port: int, sizes: list[int], s: BenchSettings,
+                      out) -> None:
+    """One TP rank: NCCL all-reduce of bf16 buffers, eager and captured in a CUDA graph;
+    rank 0 reports the median seconds per size (every rank launches in lockstep)."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=tp)
+    rows = []
+    try:
+        for nbytes in sizes:
+            buf = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+            for _ in range(5):
+                dist.all_reduce(buf)
+            torch.cuda.synchronize()
+            dist.barrier()
+            eager = bench(lambda buf=buf: dist.all_reduce(buf), s, flush=False)
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                dist.all_reduce(buf)  # warm the communicator on the capture stream
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=stream):
+                    dist.all_reduce(buf)
+            torch.cuda.synchronize()
+            dist.barrier()
+            graph = bench(g.replay, s, flush=False)
+            rows += [("eager", nbytes, eager), ("graph", nbytes, graph)]
+            del g, buf
+        if rank == 0:
+            out.put(rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def time_allreduce(tp: int, sizes: list[int], s: BenchSettings) -> list[tuple[str, int, float]]:
+    """``[(mode, bytes, seconds)]`` of a ``tp``-GPU NCCL all-reduce (torch.distributed, one
+    process per GPU) per message size, eager and CUDA-graph."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.start_processes(_allreduce_worker, args=(tp, port, list(sizes), s, q), nprocs=tp,
+                       join=True, start_method="spawn")
+    return q.get()

@@ -82,6 +82,19 @@ class PrefillShape:
     dtype: str
 
 
+@dataclass(frozen=True)
+class MoeShape:
+    """One fused routed-expert layer at tensor parallel ``tp`` (inter/tp per rank, all
+    experts local): ``tokens`` routed to ``topk`` of ``experts``."""
+    tokens: int
+    hidden: int
+    inter: int
+    topk: int
+    experts: int
+    tp: int
+    dtype: str = "bfloat16"
+
+
 @dataclass
 class Plan:
     gpu: str
@@ -92,6 +105,8 @@ class Plan:
     decode: list[DecodeShape] = field(default_factory=list)
     prefill: list[PrefillShape] = field(default_factory=list)
     memcpy: list[int] = field(default_factory=list)
+    moe: list[MoeShape] = field(default_factory=list)
+    allreduce: list[tuple[int, int]] = field(default_factory=list)  # (tp, bytes)
     notes: list[str] = field(default_factory=list)
 
 
@@ -182,9 +197,11 @@ def _kv_bytes(tokens: int, kv_heads: int, head_dim: int, elem: int = 2) -> int:
 
 
 def build_plan(gpu: str, quick: bool = False, *, models_dir: Path | None = None,
-               hardware_dir: Path | None = None, fp8: bool | None = None) -> Plan:
+               hardware_dir: Path | None = None, fp8: bool | None = None,
+               num_gpus: int = 1) -> Plan:
     """All shapes to time. ``fp8`` adds fp8 GEMM / fp8-KV rows in full mode (the GPU run
-    decides by compute capability; None = the catalog lists an fp8 peak)."""
+    decides by compute capability; None = the catalog lists an fp8 peak). All-reduce rows
+    need ``num_gpus`` >= 2 (TP sizes 2/4/8 up to the GPU count)."""
     peaks = load_peaks(gpu, hardware_dir or CONFIGS_DIR / "hardware")
     if fp8 is None:
         fp8 = bool(peaks.get("fp8_tflops"))
@@ -246,7 +263,40 @@ def build_plan(gpu: str, quick: bool = False, *, models_dir: Path | None = None,
             plan.prefill += [PrefillShape(4, 512, 2048, h, kv, d, "bfloat16"),
                              PrefillShape(8, 128, 4096, h, kv, d, "bfloat16")]
     plan.memcpy = [2**26, 2**30] if quick else [2**20, 2**24, 2**26, 2**28, 2**30, 2**32]
+
+    # MoE: the catalog's expert shapes per TP shard, bf16 (one GPU times any TP shard)
+    tokens = (1, 16, 256, 4096) if quick else MOE_TOKENS
+    for cfg in models.values():
+        shape = model_moe(cfg)
+        if shape is None:
+            continue
+        h, inter, topk, experts = shape
+        for tp in tps:
+            if inter % tp == 0:
+                plan.moe += [MoeShape(t, h, inter, topk, experts, tp) for t in tokens]
+    plan.moe = sorted(set(plan.moe), key=lambda m: (m.hidden, m.inter, m.experts, m.tp,
+                                                    m.tokens))
+    # all-reduce: bf16 message sizes per TP size the machine has
+    tps_ar = [tp for tp in (2, 4, 8) if tp <= num_gpus]
+    sizes = [2**k for k in range(10, 29, 4 if quick else 2)]
+    plan.allreduce = [(tp, b) for tp in tps_ar for b in sizes]
+    if not tps_ar:
+        plan.notes.append(f"all-reduce needs >= 2 GPUs (this machine: {num_gpus}); the "
+                          "imported or spec-sheet all-reduce stays in use")
     return plan
+
+
+MOE_TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 8192)
+
+
+def model_moe(cfg: dict) -> tuple[int, int, int, int] | None:
+    """``(hidden, expert inter, topk, experts)`` of a MoE model config, else None."""
+    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get(
+        "num_experts")
+    if not experts:
+        return None
+    inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    return cfg["hidden_size"], int(inter), int(cfg.get("num_experts_per_tok", 2)), int(experts)
 
 
 def mixed_lengths(batch: int, context_max: int, seed: int = 0) -> list[int]:
@@ -276,6 +326,16 @@ def decode_flops_bytes(s: DecodeShape) -> tuple[int, int]:
     flops = 4 * s.num_heads * s.head_dim * tokens
     kv = _kv_bytes(tokens, s.num_kv_heads, s.head_dim, ELEM[s.kv_dtype])
     return flops, kv + 2 * s.batch * s.num_heads * s.head_dim * ELEM[s.dtype]
+
+
+def moe_flops_bytes(s: MoeShape) -> tuple[float, float]:
+    """``flops = 2·3·tokens·topk·hidden·inter/tp`` (w13 and w2); ``bytes`` = weights of the
+    experts hit, E·(1 − (1 − topk/E)^tokens), plus activations in and out."""
+    i_r = s.inter // s.tp
+    hit = s.experts * (1 - (1 - s.topk / s.experts) ** s.tokens)
+    e = ELEM[s.dtype]
+    return (6.0 * s.tokens * s.topk * s.hidden * i_r,
+            hit * 3 * s.hidden * i_r * e + 2 * s.tokens * s.hidden * e)
 
 
 def prefill_flops_bytes(s: PrefillShape) -> tuple[int, int]:
@@ -377,6 +437,18 @@ def estimate_plan(plan: Plan) -> dict[str, dict]:
     est["prefill_attention"] = _family(len(plan.prefill), measure, 0.0, COMPILE_S * len(variants))
     measure = sum(bench_wall_s(2 * b / (bw * 1e9 * EST_EFF_BW), bw, s) for b in plan.memcpy)
     est["memcpy"] = _family(len(plan.memcpy), measure, 0.0, 0.0)
+    measure = 0.0
+    for m in plan.moe:
+        fl, by = moe_flops_bytes(m)
+        # the torch reference runs one GEMM pair per expert hit: ~3 launches each
+        t = _kernel_s(fl, by, p) + 3 * min(m.experts, m.tokens * m.topk) * EST_LAUNCH_S
+        measure += bench_wall_s(t, bw, s) + EST_SETUP_S + by / (bw * 1e9 * EST_INIT_BW)
+    est["moe"] = _family(len(plan.moe), measure, 0.0, 0.0)
+    link = 50.0  # GB/s, a conservative NVLink/PCIe all-reduce bus bandwidth
+    measure = sum(2 * (bench_wall_s(20e-6 + b / (link * 1e9), bw, s) + EST_SETUP_S)
+                  for _, b in plan.allreduce)  # graph and eager
+    est["allreduce"] = _family(len(plan.allreduce), measure, 0.0,
+                               5.0 * len({tp for tp, _ in plan.allreduce}))  # process start
     return est
 
 
@@ -476,14 +548,13 @@ def _validate_v2(doc: dict, where: str) -> dict:
 
 
 def read_calibration(path: Path) -> dict:
+    """A calibration file (YAML or JSON), validated."""
+    from servesim.costmodels.calibration import read_doc
+
     path = Path(path)
     if not path.is_file():
         raise ServesimError(f"{path}: no such calibration file")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ServesimError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
-    return validate_calibration(doc, str(path))
+    return validate_calibration(read_doc(path, cached=False), str(path))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -509,9 +580,30 @@ _Dumper.add_representer(dict, _represent_dict)
 _Dumper.add_representer(list, _represent_list)
 
 
-def dump_calibration(doc: dict) -> str:
-    """YAML text: sections in schema order, one flow mapping per row."""
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100000, allow_unicode=False)
+def dump_calibration(doc: dict, fmt: str = "yaml") -> str:
+    """YAML (or JSON) text: sections in schema order, one row per line."""
+    if fmt != "json":
+        return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100000,
+                         allow_unicode=False)
+    import json
+
+    def one(v) -> str:
+        return json.dumps(v, separators=(", ", ": "))
+
+    lines = ["{"]
+    for i, (k, v) in enumerate(doc.items()):
+        end = "," if i < len(doc) - 1 else ""
+        if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
+            rows = [f"    {one(r)}," for r in v]
+            rows[-1] = rows[-1][:-1]
+            lines += [f"  {json.dumps(k)}: [", *rows, f"  ]{end}"]
+        elif isinstance(v, dict) and any(isinstance(x, dict) for x in v.values()):
+            rows = [f"    {json.dumps(kk)}: {one(vv)}," for kk, vv in v.items()]
+            rows[-1] = rows[-1][:-1]
+            lines += [f"  {json.dumps(k)}: {{", *rows, f"  }}{end}"]
+        else:
+            lines.append(f"  {json.dumps(k)}: {one(v)}{end}")
+    return "\n".join(lines + ["}", ""])
 
 
 def write_calibration(doc: dict, path: Path) -> Path:
@@ -521,7 +613,7 @@ def write_calibration(doc: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
-        f.write(dump_calibration(doc))
+        f.write(dump_calibration(doc, "json" if path.suffix == ".json" else "yaml"))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a data file is world-readable
@@ -530,8 +622,21 @@ def write_calibration(doc: dict, path: Path) -> Path:
 
 
 def new_document(gpu: str, fingerprint: dict, peaks: dict) -> dict:
-    return {"version": 1, "gpu": gpu, "fingerprint": fingerprint, "peaks": peaks,
-            "memcpy": [], "gemm": [], "decode_attention": [], "prefill_attention": []}
+    """An empty measured calibration document (schema version 2: rows are points, each with
+    ``seconds`` = the faster of ``triton_s`` and ``vendor_s`` and the ``kernel`` it was)."""
+    return {"version": 2, "gpu": gpu, "fingerprint": fingerprint, "peaks": peaks,
+            "source": {"kind": "measured", "tool": "simulate calibrate"},
+            "memcpy": [], "gemm": [], "decode_attention": [], "prefill_attention": [],
+            "allreduce": [], "moe": []}
+
+
+def _timed(r: dict) -> dict:
+    """``seconds`` and ``kernel`` of a Triton/vendor measurement (the faster one)."""
+    cand = [(r.get("vendor_s"), r.get("vendor_impl") or "vendor"), (r.get("triton_s"),
+                                                                       "triton")]
+    cand = [(t, k) for t, k in cand if t]
+    t, k = min(cand)
+    return {"seconds": t, "kernel": k}
 
 
 def utc_now() -> str:
@@ -640,15 +745,17 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
                     log=print) -> Path:
     """Time every shape of the plan on the current GPU and write the calibration file."""
     require_gpu()
+    import torch
     from servesim.kernels.gemm import fp8_supported
 
     fp8 = fp8_supported()
-    plan = build_plan(gpu, quick, fp8=fp8)
+    plan = build_plan(gpu, quick, fp8=fp8, num_gpus=torch.cuda.device_count())
     for n in plan.notes:
         log(f"note: {n}")
     fpr = fingerprint(plan.mode)
     log(f"calibrating {gpu} on {fpr['device_name']} ({plan.mode}): {len(plan.gemm)} GEMM, "
-        f"{len(plan.decode)} decode, {len(plan.prefill)} prefill shapes")
+        f"{len(plan.decode)} decode, {len(plan.prefill)} prefill, {len(plan.moe)} MoE, "
+        f"{len(plan.allreduce)} all-reduce shapes")
     doc = new_document(gpu, fpr, plan.peaks)
     measure_plan(plan, doc, BENCH_QUICK if quick else BENCH_FULL, progress=progress)
     if doc.get("skipped"):
@@ -660,7 +767,8 @@ def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=Non
     """Time every shape of ``plan`` and append rows to ``doc`` (failed shapes -> 'skipped')."""
     from servesim.kernels import bench as B
 
-    total = len(plan.memcpy) + len(plan.gemm) + len(plan.decode) + len(plan.prefill)
+    total = len(plan.memcpy) + len(plan.gemm) + len(plan.decode) + len(plan.prefill) + len(
+        plan.moe) + len(plan.allreduce)
     skipped: list[str] = []
     advance = progress(total) if progress else (lambda: None)
 
@@ -683,7 +791,7 @@ def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=Non
         if r:
             fl, by = gemm_flops_bytes(g.m, g.n, g.k, g.dtype)
             doc["gemm"].append({"m": g.m, "n": g.n, "k": g.k, "dtype": g.dtype, "flops": fl,
-                                "bytes": by, **r, "ops": g.ops})
+                                "bytes": by, **r, **_timed(r), "ops": g.ops})
     for d in plan.decode:
         r = guarded(f"decode {d}", lambda d=d: B.time_decode(d, BLOCK_SIZE, settings))
         if r:
@@ -691,7 +799,7 @@ def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=Non
             row = {"batch": d.batch, "context": d.context, "context_max": d.context_max,
                    "num_heads": d.num_heads, "num_kv_heads": d.num_kv_heads,
                    "head_dim": d.head_dim, "block_size": BLOCK_SIZE, "dtype": d.dtype,
-                   "flops": fl, "bytes": by, **r}
+                   "flops": fl, "bytes": by, **r, **_timed(r)}
             if d.kv_dtype != d.dtype:
                 row["kv_dtype"] = d.kv_dtype
             doc["decode_attention"].append(row)
@@ -702,7 +810,73 @@ def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=Non
             doc["prefill_attention"].append({
                 "batch": f.batch, "chunk": f.chunk, "context": f.context,
                 "num_heads": f.num_heads, "num_kv_heads": f.num_kv_heads,
-                "head_dim": f.head_dim, "dtype": f.dtype, "flops": fl, "bytes": by, **r})
+                "head_dim": f.head_dim, "dtype": f.dtype, "flops": fl, "bytes": by, **r,
+                **_timed(r)})
+    for m in plan.moe:
+        r = guarded(f"moe {m}", lambda m=m: B.time_moe(m, settings))
+        if r:
+            fl, by = moe_flops_bytes(m)
+            doc["moe"].append({"dtype": m.dtype, "distribution": "balanced", "hidden": m.hidden,
+                               "inter": m.inter, "topk": m.topk, "experts": m.experts,
+                               "tp": m.tp, "ep": 1, "tokens": m.tokens, "flops": fl,
+                               "bytes": by, "seconds": r["seconds"], "kernel": r["kernel"]})
+    by_tp: dict[int, list[int]] = {}
+    for tp, nbytes in plan.allreduce:
+        by_tp.setdefault(tp, []).append(nbytes)
+    for tp, sizes in sorted(by_tp.items()):
+        rows = guarded(f"allreduce tp={tp}", lambda tp=tp, sizes=sizes: B.time_allreduce(
+            tp, sizes, settings))
+        for _ in sizes[1:]:
+            advance()
+        for mode, nbytes, sec in rows or []:
+            doc["allreduce"].append({"mode": mode, "dtype": "bfloat16", "tp": tp,
+                                     "bytes": nbytes, "seconds": sec,
+                                     "kernel": f"torch.distributed nccl ({mode})"})
     if skipped:
         doc["skipped"] = skipped
     return doc
+
+
+# --------------------------------------------------------------------------- fit check
+
+
+def check_file(path: Path) -> dict:
+    """``costmodels.calibration.check`` of a calibration file (validated first), as
+    ``{file, gpu, source, families: {family: {...}}}``."""
+    from servesim.costmodels.calibration import Calibration, check
+    from servesim.costmodels.config import HardwareConfig
+    from servesim.costmodels.specs import hardware_names, load_hardware_spec
+
+    doc = read_calibration(path)
+    gpu = str(doc.get("gpu", ""))
+    spec = load_hardware_spec(HardwareConfig(name=gpu)) if gpu in hardware_names() else None
+    cal = Calibration(Path(path), doc, spec)
+    return {"file": str(path), "gpu": gpu, "source": doc.get("source") or {},
+            "synthetic": bool(doc.get("synthetic")), "families": check(cal)}
+
+
+def check_lines(path: Path, res: dict) -> list[str]:
+    """The check as a table: per family, curves, points, median/P90 |error| at the measured
+    points and leave-one-out (each point predicted from its curve's other points)."""
+    src = res["source"]
+    if src.get("kind") == "aiconfigurator":
+        what = (f"{src.get('package')} {src.get('package_version')}, {src.get('device')}, "
+                "measured by NVIDIA (Apache-2.0)")
+    else:
+        what = "SYNTHETIC test fixture, not a measurement" if res.get("synthetic") else \
+            "measured with simulate calibrate"
+    head = (f"{'family':<19}{'source':<36}{'curves':>7}{'points':>8}   "
+            f"{'|err| at rows med/P90':<23}{'leave-one-out med/P90':<22}")
+    out = [f"calibration check: {path} (gpu {res['gpu']}; {what})", head]
+
+    def pct(x):
+        return "  n/a" if math.isnan(x) else f"{100 * x:5.2f}%"
+
+    for fam, r in res["families"].items():
+        out.append(f"{fam:<19}{str(r['source'])[:35]:<36}{r['curves']:>7}{r['points']:>8}   "
+                   f"{pct(r['median_abs_err'])} / {pct(r['p90_abs_err']):<12}"
+                   f"{pct(r['loo_median_abs_err'])} / {pct(r['loo_p90_abs_err'])}")
+    out.append("at rows: the cost model's lookup at each measured point (interpolation is exact "
+               "there); leave-one-out: each point predicted from its neighbours along the curve "
+               "(ends: roofline x the neighbour's efficiency), i.e. the error between points")
+    return out

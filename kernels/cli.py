@@ -1,8 +1,11 @@
-"""``simulate calibrate [--gpu NAME] [-o FILE] [--quick] [--dry-run]`` and
-``simulate calibrate report FILE`` (registered on the ``simulate`` app by simulator/cli.py).
+"""``simulate calibrate [--gpu NAME] [-o FILE] [--quick] [--dry-run]``,
+``simulate calibrate report FILE``, ``simulate calibrate check FILE`` and
+``simulate calibrate import aiconfigurator --gpu NAME`` (registered on the ``simulate`` app by
+simulator/cli.py).
 
-torch and Triton are imported only inside the GPU run, so ``--help``, ``--dry-run`` and
-``report`` work on a laptop without them.
+torch and Triton are imported only inside the GPU run, so ``--help``, ``--dry-run``,
+``report``, ``check`` and ``import`` work on a laptop without them (``import`` needs the
+``servesim[aiconfigurator]`` extra).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from typing import Annotated
 import typer
 
 HELP = ("Time the Triton kernels and the vendor path on this GPU over shapes from the model "
-        "catalog and write configs/calibration/<gpu>.yaml.")
+        "catalog and write <user calibration dir>/<gpu>.yaml (it takes precedence over the "
+        "shipped configs/calibration/<gpu>.yaml).")
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +30,8 @@ def register(app: typer.Typer) -> None:
         gpu: Annotated[str | None, typer.Option(
             "--gpu", help="Hardware catalog name, e.g. h100-sxm.")] = None,
         output: Annotated[Path | None, typer.Option(
-            "-o", "--output", help="Output file (default: configs/calibration/GPU.yaml).")] = None,
+            "-o", "--output", help="Output file (default: $SERVESIM_CALIBRATION_DIR/GPU.yaml, "
+            "~/.config/servesim/calibration/GPU.yaml).")] = None,
         quick: Annotated[bool, typer.Option(
             "--quick", help="Smaller grid (< 5 min on an H100).")] = False,
         dry_run: Annotated[bool, typer.Option(
@@ -47,7 +52,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(C.format_plan(plan, C.estimate_plan(plan)))
             return
         C.require_gpu()
-        out = output or C.CONFIGS_DIR / "calibration" / f"{gpu}.yaml"
+        from servesim.costmodels.calibration import user_calibration_dir
+
+        out = output or user_calibration_dir() / f"{gpu}.yaml"
         path = C.run_calibration(gpu, out, quick, progress=None if quiet else _progress,
                                  log=(lambda *_: None) if quiet else typer.echo)
         typer.echo(f"wrote {path}")
@@ -60,6 +67,62 @@ def register(app: typer.Typer) -> None:
 
         typer.echo("\n".join(C.report_lines(C.read_calibration(file))))
 
+    @cal.command("check")
+    def check(
+        file: Annotated[Path, typer.Argument(help="A calibration YAML file.")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """How well the cost model reproduces the file's own rows, per op family: median and
+        P90 |error| at the measured points and with each point left out of its curve."""
+        from servesim.kernels import calibrate as C
+
+        res = C.check_file(file)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(res, indent=2))
+            return
+        typer.echo("\n".join(C.check_lines(file, res)))
+
+    imp = typer.Typer(no_args_is_help=True, help="Import measured kernel tables from a "
+                      "public database into a calibration file.")
+
+    @imp.command("aiconfigurator")
+    def import_aiconfigurator(
+        gpu: Annotated[str, typer.Option(
+            "--gpu", help="GPU: our name (h100-sxm) or theirs (h100_sxm), or 'all'.")],
+        vllm_version: Annotated[str | None, typer.Option(
+            "--vllm-version", help="vLLM version of the tables (default: the newest per "
+            "table; tables without it use the newest).")] = None,
+        output: Annotated[Path | None, typer.Option(
+            "-o", "--output", help="Output file, .json (fast to load) or .yaml (a folder "
+            "with --gpu all); default configs/calibration/GPU.json.")] = None,
+        data_dir: Annotated[Path | None, typer.Option(
+            "--data-dir", help="aiconfigurator_core/systems/data folder (default: the "
+            "installed aiconfigurator-core package).")] = None,
+        all_shapes: Annotated[bool, typer.Option(
+            "--all-shapes", help="Keep every curve, not only those the model catalog reads "
+            "(files grow ~10x).")] = False,
+    ) -> None:
+        """Convert aiconfigurator-core's vLLM kernel tables (measured by NVIDIA, Apache-2.0)
+        for one GPU into a calibration file."""
+        from servesim.kernels import calibrate as C
+        from servesim.kernels import import_aiconfigurator as A
+
+        gpus = list(A.GPU_MAP.values()) if gpu == "all" else [A.system_name(gpu)[1]]
+        for g in gpus:
+            doc = A.import_tables(g, vllm_version=vllm_version, data_dir=data_dir,
+                                  all_shapes=all_shapes, log=lambda m: typer.echo(m, err=True))
+            if output is None:
+                out = C.CONFIGS_DIR / "calibration" / f"{g}.json"
+            else:
+                out = output / f"{g}.json" if gpu == "all" else output
+            path = C.write_calibration(doc, out)
+            kept = ", ".join(f"{f} {t['points']} pts (vLLM {t['vllm']})"
+                             for f, t in doc["tables"].items())
+            typer.echo(f"wrote {path}: {kept}")
+
+    cal.add_typer(imp, name="import")
     app.add_typer(cal, name="calibrate")
 
 

@@ -31,7 +31,8 @@ By default only the curves the cost model reads for the shipped model catalog
 (``configs/models``, TP 1/2/4/8, bf16 and fp8 KV/weights) are kept: the GEMM (n, k) grid
 points around each linear's shape, the attention curves around each head layout (all batch
 sizes for decode, batch 1 for prefill, no sliding-window variants), the MoE curves of the
-catalog's MoE shapes with balanced routing (no expert parallelism), and every all-reduce row.
+catalog's MoE shapes with balanced routing (no expert parallelism; tables without balanced rows,
+A100's, give their mildest skew ``power_law_1.01``), and every all-reduce row.
 ``--all-shapes`` keeps everything.
 """
 
@@ -67,6 +68,7 @@ TABLES = {  # our family → (their op folder, parquet file)
     "moe": ("moe", "moe_perf.parquet"),
 }
 GEMM_KEEP = ("bfloat16", "fp8", "fp8_block")
+MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01")  # preference order (A100 has no balanced)
 TPS = (1, 2, 4, 8)
 ATTRIBUTION = ("kernel timings measured by NVIDIA, from the aiconfigurator-core package "
                "(https://github.com/ai-dynamo/aiconfigurator), Apache-2.0; converted by servesim")
@@ -294,9 +296,11 @@ def subset(doc: dict, spec) -> dict[str, str]:
             keep["prefill_attention"] |= {(kv, *key) for key in
                                           t.support((hd, kvh, nh, 1, 0))}
     for dt, h, i, k, e, tp in needs["moe"]:
-        t = cal.tables.get("moe", {}).get((dt, "balanced"))
-        if t is not None:
-            keep["moe"] |= {(dt, "balanced", *key) for key in t.support((h, i, k, e, tp, 1))}
+        for dist in MOE_DISTRIBUTIONS:  # balanced routing; else the mildest skew measured
+            t = cal.tables.get("moe", {}).get((dt, dist))
+            if t is not None:
+                keep["moe"] |= {(dt, dist, *key) for key in t.support((h, i, k, e, tp, 1))}
+                break
     notes = {}
     for fam in ("gemm", "decode_attention", "prefill_attention", "moe"):
         f = FAMILIES[fam]
@@ -328,7 +332,7 @@ def import_tables(gpu: str, *, vllm_version: str | None = None, data_dir: Path |
     doc: dict = {"version": 2, "gpu": ours}
     tables: dict[str, dict] = {}
     device = None
-    for fam in TABLES:
+    for fam, (op, fname) in TABLES.items():
         versions = table_versions(root, theirs, fam)
         if not versions:
             log(f"note: no vLLM {fam} table for {theirs}")
@@ -337,7 +341,6 @@ def import_tables(gpu: str, *, vllm_version: str | None = None, data_dir: Path |
         if vllm_version and v != vllm_version:
             log(f"note: {fam}: no vLLM {vllm_version} table for {theirs}; using {v} "
                 f"(available: {', '.join(versions)})")
-        op, fname = TABLES[fam]
         path = root / theirs / op / "vllm" / v / fname
         df = read_parquet(path)
         if device is None and "device" in df and len(df):
@@ -345,7 +348,7 @@ def import_tables(gpu: str, *, vllm_version: str | None = None, data_dir: Path |
         rows = convert(fam, df, path)
         doc[fam] = rows
         tables[fam] = {"source": f"aiconfigurator-{pkg_version}/vllm-{v}", "vllm": v,
-                       "table": f"{theirs}/{op}/vllm/{v}/{fname}", "rows_read": int(len(df))}
+                       "table": f"{theirs}/{op}/vllm/{v}/{fname}", "rows_read": len(df)}
     if not tables:
         raise ServesimError(f"{root / theirs}: no vLLM tables found")
     kept = {f: "all curves" for f in tables} if all_shapes else subset(doc, spec)

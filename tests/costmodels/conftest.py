@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def pytest_configure(config):
-    # No calibration ships yet, so every build warns that it is missing; silence that here.
+    # GPUs without a shipped calibration file warn on every build; silence that here.
     # Tests that check the warning use pytest.warns, which records it regardless.
     config.addinivalue_line(
         "filterwarnings", "ignore::servesim.costmodels.calibration.CalibrationWarning")

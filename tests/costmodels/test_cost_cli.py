@@ -21,8 +21,9 @@ def test_estimate_acceptance_table():
         assert name in out
     # every op row ends with its provenance
     rows = [ln for ln in out.splitlines() if ln.startswith("│") and "total" not in ln]
-    assert rows and all("default" in ln or "spec-sheet" in ln or "calibrated:" in ln
-                        for ln in rows)
+    assert rows and all("default" in ln or "spec-sheet" in ln or "calibration:" in ln or
+                        "roofline:nearest/" in ln for ln in rows)
+    assert "aiconfigurator-core 0.12.0, measured by NVIDIA" in out  # the shipped A100 file
 
 
 def test_estimate_json_total_between_8_and_14_ms():

@@ -1,5 +1,7 @@
 """Calibration planner, writer, report and the `simulate calibrate` CLI (no GPU needed)."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 from kernels_synthetic import FIXTURE, synthetic_doc
@@ -41,11 +43,13 @@ def test_writer_round_trip_and_schema_keys(tmp_path):
 
 
 @pytest.mark.parametrize("mutate,msg", [
-    (lambda d: d.update(version=2), "version: expected 1"),
-    (lambda d: d.pop("gemm"), "missing section 'gemm'"),
-    (lambda d: d["fingerprint"].pop("torch"), "fingerprint: missing torch"),
-    (lambda d: d["decode_attention"][0].pop("context_max"), "decode_attention[0]: missing"),
-    (lambda d: d["gemm"][1].update(triton_s=-1.0), "gemm[1].triton_s: expected seconds"),
+    (lambda d: d.update(version=3), "version: expected 1 or 2"),
+    (lambda d: [d.pop(f) for f in ("memcpy", "gemm", "decode_attention", "prefill_attention",
+                                   "allreduce", "moe")], "no rows in any of"),
+    (lambda d: d["peaks"].pop("mem_bw_gbps"), "peaks.mem_bw_gbps: expected a number"),
+    (lambda d: d["decode_attention"][0].pop("num_heads"),
+     "decode_attention[0].num_heads must be a positive number, got None"),
+    (lambda d: d["gemm"][1].update(seconds=-1.0), "gemm[1].seconds[0] must be a positive number"),
 ])
 def test_validator_rejects_bad_documents(mutate, msg, tmp_path):
     doc = synthetic_doc()
@@ -53,6 +57,17 @@ def test_validator_rejects_bad_documents(mutate, msg, tmp_path):
     with pytest.raises(ServesimError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         C.write_calibration(doc, tmp_path / "bad.yaml")
     assert not (tmp_path / "bad.yaml").exists()
+
+
+def test_version_1_files_still_validate(tmp_path):
+    """Files written before schema version 2 (point rows, triton_s/vendor_s) stay readable;
+    their own checks still apply."""
+    v1 = Path(__file__).parents[1] / "costmodels" / "fixtures" / "calibration-fixture-a100.yaml"
+    doc = C.read_calibration(v1)
+    assert doc["version"] == 1
+    doc["fingerprint"].pop("torch")
+    with pytest.raises(ServesimError, match="fingerprint: missing torch"):
+        C.write_calibration(doc, tmp_path / "bad.yaml")
 
 
 def test_flops_bytes_formulas():
@@ -164,23 +179,71 @@ def test_harness_end_to_end_on_cpu(tmp_path, monkeypatch):
     plan.decode = [C.DecodeShape(2, 40, 40, 4, 2, 16, "bfloat16", "bfloat16"),
                    C.DecodeShape(2, 25, 40, 4, 1, 16, "float32", "float32", (10, 40))]
     plan.prefill = [C.PrefillShape(1, 20, 10, 4, 2, 16, "float32")]
+    plan.moe = [C.MoeShape(3, 16, 32, 2, 4, 2)]
     doc = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
     ticks = []
     C.measure_plan(plan, doc, C.BenchSettings(0.0, 0.0, 1, 1),
                    progress=lambda total: lambda: ticks.append(total))
     assert "skipped" not in doc, doc.get("skipped")
-    assert len(ticks) == 6
-    assert [len(doc[k]) for k in ("memcpy", "gemm", "decode_attention", "prefill_attention")] \
-        == [1, 2, 2, 1]
+    assert len(ticks) == 7
+    assert [len(doc[k]) for k in ("memcpy", "gemm", "decode_attention", "prefill_attention",
+                                  "moe")] == [1, 2, 2, 1, 1]
     assert doc["decode_attention"][1]["vendor_s"] is None  # mixed lengths: no dense vendor path
-    assert doc["gemm"][0]["vendor_impl"] == "torch.matmul"
-    C.write_calibration(doc, tmp_path / "cpu.yaml")
+    assert doc["decode_attention"][1]["kernel"] == "triton"
+    g = doc["gemm"][0]
+    assert g["vendor_impl"] == "torch.matmul"
+    assert g["seconds"] == min(g["triton_s"], g["vendor_s"])  # the faster of the two
+    moe = doc["moe"][0]
+    assert (moe["tokens"], moe["inter"], moe["tp"], moe["ep"]) == (3, 32, 2, 1)
+    assert moe["kernel"].startswith(("torch reference", "vllm"))
+    C.write_calibration(doc, tmp_path / "cpu.yaml")  # validates as schema version 2
 
 
 def test_cost_model_reader_accepts_the_writer_output():
-    """Contract with costmodels/calibration.py (skipped if that reader is not there)."""
-    cal = pytest.importorskip("servesim.costmodels.calibration")
+    """Contract with costmodels/calibration.py: every family the writer produces is read back
+    at its measured points (the faster of Triton and vendor)."""
+    from servesim.costmodels.calibration import Calibration
+
     doc = C.read_calibration(FIXTURE)
-    c = cal.Calibration(FIXTURE, doc)
-    assert c.decode_eff(16, 4096) == pytest.approx(0.75)
-    assert c.prefill_eff(2048, 0) == pytest.approx(0.6)  # the faster (vendor) of the two
+    c = Calibration(FIXTURE, doc)
+    row = next(r for r in doc["decode_attention"] if r["batch"] == 16)
+    assert c.decode(32, 8, 128, "bfloat16", 16, 4096)[0] == row["triton_s"]
+    row = next(r for r in doc["prefill_attention"] if r["chunk"] == 2048)
+    assert c.prefill(32, 8, 128, "bfloat16", 2048, 0)[0] == row["vendor_s"] < row["triton_s"]
+    assert c.allreduce(2, 2**16, graph=True)[0] == pytest.approx(5e-6 + 2**16 / 360e9)
+    assert c.allreduce(2, 2**16, graph=False)[0] == pytest.approx(20e-6 + 2**16 / 360e9)
+    row = doc["moe"][1]
+    assert c.moe("bfloat16", 4096, 14336, 2, 8, 2, 64)[0] == row["seconds"]
+
+
+def test_moe_reference_matches_a_dense_computation():
+    """bench._torch_moe against the definition: Σ_j w_j · W2_e(silu(W1_e x) · W3_e x)."""
+    torch = pytest.importorskip("torch")
+    from servesim.kernels import bench as B
+
+    g = torch.Generator().manual_seed(0)
+    T, h, i, E, k = 5, 8, 6, 4, 2
+    x = torch.randn(T, h, generator=g)
+    w13 = torch.randn(E, 2 * i, h, generator=g)
+    w2 = torch.randn(E, h, i, generator=g)
+    ids = torch.tensor([[0, 1], [1, 2], [3, 0], [2, 2], [1, 3]])
+    wts = torch.rand(T, k, generator=g)
+    want = torch.zeros(T, h)
+    for t in range(T):
+        for j in range(k):
+            e = int(ids[t, j])
+            a = w13[e] @ x[t]
+            want[t] += wts[t, j] * (w2[e] @ (torch.nn.functional.silu(a[:i]) * a[i:]))
+    assert torch.allclose(B._torch_moe(x, w13, w2, ids, wts), want, atol=1e-4)
+
+
+def test_plan_has_moe_and_allreduce_rows():
+    plan = C.build_plan("h100-sxm", quick=False, num_gpus=4)
+    mixtral = {(m.tp, m.tokens) for m in plan.moe if m.experts == 8 and m.hidden == 4096}
+    assert mixtral == {(tp, t) for tp in (1, 2, 4, 8) for t in C.MOE_TOKENS}
+    assert {tp for tp, _ in plan.allreduce} == {2, 4}
+    assert {b for _, b in plan.allreduce} == {2**k for k in range(10, 29, 2)}
+    one = C.build_plan("h100-sxm", quick=True)
+    assert one.allreduce == [] and any("needs >= 2 GPUs" in n for n in one.notes)
+    est = C.estimate_plan(plan)
+    assert est["moe"]["shapes"] == len(plan.moe) and est["allreduce"]["shapes"] == 20
