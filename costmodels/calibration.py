@@ -47,7 +47,6 @@ from __future__ import annotations
 import bisect
 import datetime as _dt
 import itertools
-import json
 import math
 import os
 import warnings
@@ -56,9 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from servesim.costmodels.config import HardwareConfig
-from servesim.costmodels.specs import HardwareSpec, configs_dir
+from servesim.costmodels.specs import HardwareSpec, _read_mapping, configs_dir
 from servesim.simulator.errors import ConfigError
 
 STALE_DAYS = 180
@@ -608,22 +606,28 @@ class Calibration:
     # -- staleness -------------------------------------------------------------------------------
 
     def age_days(self, now: _dt.datetime | None = None) -> float | None:
-        d = self.fingerprint.get("date")
-        if d is None:
+        """Days since the first file's fingerprint date (None without one)."""
+        return age_days(self.fingerprint, now)
+
+
+def age_days(fingerprint: dict | None, now: _dt.datetime | None = None) -> float | None:
+    """Days since ``fingerprint['date']`` (None when absent or unparsable)."""
+    d = (fingerprint or {}).get("date")
+    if d is None:
+        return None
+    if isinstance(d, _dt.datetime):
+        when = d
+    elif isinstance(d, _dt.date):
+        when = _dt.datetime(d.year, d.month, d.day)
+    else:
+        try:
+            when = _dt.datetime.fromisoformat(str(d))
+        except ValueError:
             return None
-        if isinstance(d, _dt.datetime):
-            when = d
-        elif isinstance(d, _dt.date):
-            when = _dt.datetime(d.year, d.month, d.day)
-        else:
-            try:
-                when = _dt.datetime.fromisoformat(str(d))
-            except ValueError:
-                return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=_dt.UTC)
-        now = now or _dt.datetime.now(_dt.UTC)
-        return (now - when).total_seconds() / 86400.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    now = now or _dt.datetime.now(_dt.UTC)
+    return (now - when).total_seconds() / 86400.0
 
 
 def _val(v, where: str, zero_ok: bool = False) -> float:
@@ -677,7 +681,6 @@ def calibration_path(hw_cfg: HardwareConfig, spec: HardwareSpec) -> Path | None:
     return paths[0] if paths else None
 
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _doc_cache: dict[tuple, dict] = {}
 _cal_cache: dict[tuple, Calibration] = {}
 
@@ -690,18 +693,7 @@ def read_doc(path: Path, cached: bool = True) -> dict:
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     doc = _doc_cache.get(key) if cached else None
     if doc is None:
-        try:
-            text = path.read_text()
-            doc = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_Loader)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-            raise ConfigError(f"{path}{at}: invalid YAML: {getattr(e, 'problem', e)}") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"{path}: expected a mapping of calibration fields at the top "
-                              "level")
+        doc = _read_mapping(path, "calibration")
         if cached:
             _doc_cache[key] = doc
     return doc
@@ -741,9 +733,7 @@ def load_calibration(hw_cfg: HardwareConfig, spec: HardwareSpec) -> Calibration 
             _warn(f"{p}: calibrated on '{gpu}' but hardware is '{spec.name}'")
         if (doc.get("source") or {}).get("kind") == "aiconfigurator":
             continue  # imported tables carry their package and vLLM versions, not a date
-        one = Calibration(p, {"fingerprint": doc.get("fingerprint"),
-                              "peaks": doc.get("peaks")}, spec)
-        age = one.age_days()
+        age = age_days(doc.get("fingerprint"))
         if age is not None and age > STALE_DAYS:
             _warn(f"{p}: calibration fingerprint is {age:.0f} days old (> {STALE_DAYS}); "
                   "re-run `simulate calibrate`")

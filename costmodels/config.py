@@ -46,6 +46,7 @@ class HardwareConfig(_Section):
     pcie_bw_gbps: float | None = Field(None, gt=0)
     calibration: str | None = Field(
         "auto",
-        description='"auto": configs/calibration/<name>.yaml when it exists (default '
-        'efficiencies otherwise); "none": default efficiencies; or a path to a calibration file',
+        description='"auto": per op family, your measured <calibration dir>/<name>.yaml, else '
+        'the shipped configs/calibration/<name>.json (default efficiencies when neither '
+        'exists); "none": default efficiencies; or a path to one calibration file',
     )

@@ -26,6 +26,9 @@ def configs_dir() -> Path:
     return Path(servesim.configs.__file__).resolve().parent
 
 
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when installed
+
+
 def _read_mapping(path: Path, what: str) -> dict:
     """Read a YAML or JSON mapping; ConfigError (one line, naming the file) on any problem."""
     if not path.is_file():
@@ -35,7 +38,7 @@ def _read_mapping(path: Path, what: str) -> dict:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_SafeLoader)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     except yaml.YAMLError as e:

@@ -70,8 +70,11 @@ TABLES = {  # our family → (their op folder, parquet file)
 GEMM_KEEP = ("bfloat16", "fp8", "fp8_block")
 MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01")  # preference order (A100 has no balanced)
 TPS = (1, 2, 4, 8)
-ATTRIBUTION = ("kernel timings measured by NVIDIA, from the aiconfigurator-core package "
-               "(https://github.com/ai-dynamo/aiconfigurator), Apache-2.0; converted by servesim")
+ATTRIBUTION = ("Kernel timings measured by NVIDIA: aiconfigurator-core "
+               "(https://github.com/ai-dynamo/aiconfigurator), Copyright (c) 2025-2026 NVIDIA "
+               "CORPORATION & AFFILIATES, licensed under the Apache License 2.0. Modified by "
+               "servesim: ms converted to seconds (4 significant digits), duplicate points "
+               "reduced to their median, one kernel per shape, a subset of shapes (see 'kept').")
 
 
 def _version_key(v: str) -> tuple:

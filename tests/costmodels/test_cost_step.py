@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from cmutil import decode, make_cfg, prefill
+from cmutil import batch_shapes, decode, make_cfg, prefill
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from servesim.costmodels import BatchShape, build_cost_model
 from servesim.costmodels.step import capture_sizes
 from servesim.simulator.errors import ConfigError
@@ -107,16 +106,7 @@ def test_anchor_h100_floor():
 
 # -- physical bounds ---------------------------------------------------------------------------
 
-shapes = st.builds(
-    lambda nd, ctx, chunks, sampled_extra: BatchShape(
-        num_decode=nd, decode_context_sum=nd * ctx, decode_context_max=ctx if nd else 0,
-        prefill_new_tokens=tuple(c for c, _ in chunks),
-        prefill_context=tuple(p for _, p in chunks),
-        num_sampled=nd + min(sampled_extra, len(chunks))),
-    st.integers(0, 300), st.integers(1, 20000),
-    st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 20000)), max_size=3),
-    st.integers(0, 3),
-).filter(lambda b: b.num_tokens > 0)
+shapes = batch_shapes()
 
 
 @settings(max_examples=150, deadline=None)
