@@ -597,11 +597,16 @@ class Calibration:
         if not fam:
             return None
         dtype = norm_dtype(dtype)
-        t = fam.get((dtype, "balanced")) or fam.get((dtype, "power_law_1.01"))
-        if t is None:
-            return None
-        sec, inside = t.lookup((hidden, inter, topk, experts, tp, ep), tokens * topk / experts)
-        return sec, self.provenance("moe", inside)
+        # fp8 per-tensor and block-scaled run the same fused kernels (same weight bytes)
+        alts = {"fp8": ("fp8", "fp8_block"), "fp8_block": ("fp8_block", "fp8")}.get(
+            dtype, (dtype,))
+        for i, dt in enumerate(alts):
+            t = fam.get((dt, "balanced")) or fam.get((dt, "power_law_1.01"))
+            if t is not None:
+                sec, inside = t.lookup((hidden, inter, topk, experts, tp, ep),
+                                       tokens * topk / experts)
+                return sec, self.provenance("moe", inside and i == 0)
+        return None
 
     # -- staleness -------------------------------------------------------------------------------
 

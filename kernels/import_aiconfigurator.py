@@ -21,9 +21,12 @@ moe                  ``moe/moe_perf``                               tokens, per 
                                                                     topk, experts, tp, ep)
 ===================  =============================================  ===========================
 
-Where a table holds several kernels for one shape (``kernel_source``: FA3 and FA4 on Hopper,
+Where a table holds several kernels for one point (``kernel_source``: FA3 and FA4 on Hopper,
 DeepGEMM/CUTLASS/FlashInfer block-fp8 GEMMs, ...), we keep the kernel with the most measured
-rows for that dtype (aiconfigurator's own density ranking of kernel lanes) and record it per row.
+rows for that dtype (aiconfigurator's own density ranking of kernel lanes); sparser kernels
+fill the points it lacks (vLLM's block-fp8 linear dispatches FlashInfer at small m, DeepGEMM
+above). Each row records the kernels it used. ModelOpt-checkpoint MoE kernels are dropped
+(servesim's fp8 is vLLM's ``--quantization fp8``, Fp8MoEMethod).
 Duplicate measurements of one point are reduced to their median; ms become seconds (4
 significant digits).
 
@@ -74,7 +77,7 @@ ATTRIBUTION = ("Kernel timings measured by NVIDIA: aiconfigurator-core "
                "(https://github.com/ai-dynamo/aiconfigurator), Copyright (c) 2025-2026 NVIDIA "
                "CORPORATION & AFFILIATES, licensed under the Apache License 2.0. Modified by "
                "servesim: ms converted to seconds (4 significant digits), duplicate points "
-               "reduced to their median, one kernel per shape, a subset of shapes (see 'kept').")
+               "reduced to their median, one kernel per point, a subset of shapes (see 'kept').")
 
 
 def _version_key(v: str) -> tuple:
@@ -150,26 +153,34 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _curves(df, cats: list[str], keys: list[str], x: str, family: str) -> list[dict]:
-    """Rows of ``df`` (cols: cats, keys, x, kernel, seconds) → one curve per (cats, keys):
-    the densest kernel per (cats, keys), median over duplicate points."""
+def _curves(df, cats: list[str], keys: list[str], x: str) -> list[dict]:
+    """Rows of ``df`` (cols: cats, keys, x, kernel, seconds) → one curve per (cats, keys).
+
+    Each point comes from the densest kernel lane (most rows for those cats) that measured it;
+    sparser lanes fill the points it lacks (aiconfigurator's lane walk: e.g. vLLM's block-fp8
+    linear dispatches FlashInfer at m <= 16 and DeepGEMM above). Duplicates: their median."""
     density = Counter(zip(*(df[c] for c in cats), df["kernel"]))
-    groups: dict[tuple, dict[str, dict[float, list[float]]]] = defaultdict(
+    groups: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
     cols = [df[c] for c in cats + keys] + [df["kernel"], df[x], df["seconds"]]
     for row in zip(*cols):
         *ck, kern, xv, t = row
-        groups[tuple(ck)][kern][xv].append(t)
+        groups[tuple(ck)][xv][kern].append(t)
     out = []
-    for ck, by_kernel in groups.items():
+    for ck, by_x in groups.items():
         cat = ck[:len(cats)]
-        kern = max(by_kernel, key=lambda k: (density[(*cat, k)], len(by_kernel[k]), k))
-        pts = by_kernel[kern]
-        xs = sorted(pts)
+        xs = sorted(by_x)
+        used = []
+        secs = []
+        for v in xs:
+            kern = max(by_x[v], key=lambda k: (density[(*cat, k)], k))
+            secs.append(_sig(_median(by_x[v][kern])))
+            if kern not in used:
+                used.append(kern)
         row = {c: _py(v) for c, v in zip(cats + keys, ck)}
-        row["kernel"] = str(kern)
+        row["kernel"] = "+".join(str(k) for k in used)
         row[x] = [_py(v) for v in xs]
-        row["seconds"] = [_sig(_median(pts[v])) for v in xs]
+        row["seconds"] = secs
         out.append(row)
     out.sort(key=lambda r: tuple(str(r[c]) for c in cats) + tuple(r[k] for k in keys))
     return out
@@ -198,7 +209,7 @@ def convert(family: str, df, path: Path) -> list[dict]:
     if family == "gemm":
         _need(df, ("m", "n", "k", "gemm_dtype", "latency"), path)
         df = df[df["gemm_dtype"].isin(GEMM_KEEP)].rename(columns={"gemm_dtype": "dtype"})
-        return _curves(df, ["dtype"], ["n", "k"], "m", family)
+        return _curves(df, ["dtype"], ["n", "k"], "m")
     if family in ("decode_attention", "prefill_attention"):
         _need(df, ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
                    "kv_cache_dtype", "latency"), path)
@@ -212,11 +223,11 @@ def convert(family: str, df, path: Path) -> list[dict]:
         keys = ["head_dim", "num_kv_heads", "num_heads", "batch"]
         if family == "decode_attention":
             df["context"] = df["isl"] + df["step"]
-            return _curves(df, ["kv_dtype"], keys, "context", family)
+            return _curves(df, ["kv_dtype"], keys, "context")
         df = df[df["step"] == 0].copy()
         df["context"] = 0
         df["chunk"] = df["isl"]
-        return _curves(df, ["kv_dtype"], keys + ["context"], "chunk", family)
+        return _curves(df, ["kv_dtype"], keys + ["context"], "chunk")
     if family == "allreduce":
         _need(df, ("num_gpus", "message_size", "latency"), path)
         df["mode"] = df["kernel"].map(lambda k: "graph" if "graph" in k.lower() else "eager")
@@ -225,7 +236,7 @@ def convert(family: str, df, path: Path) -> list[dict]:
         elem = df["dtype"].map(lambda d: 1 if "8" in d else 4 if "32" in d else 2)
         df["bytes"] = df["message_size"].astype("int64") * elem
         df = df.rename(columns={"num_gpus": "tp"})
-        return _curves(df, ["mode", "dtype"], ["tp"], "bytes", family)
+        return _curves(df, ["mode", "dtype"], ["tp"], "bytes")
     _need(df, ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
                "moe_ep_size", "moe_dtype", "latency"), path)
     df = df.rename(columns={"num_tokens": "tokens", "hidden_size": "hidden",
@@ -233,8 +244,10 @@ def convert(family: str, df, path: Path) -> list[dict]:
                             "moe_tp_size": "tp", "moe_ep_size": "ep", "moe_dtype": "dtype"})
     if "distribution" not in df:
         df["distribution"] = "balanced"
+    # ModelOpt-checkpoint MoE paths are not what `--quantization fp8` (Fp8MoEMethod) runs
+    df = df[~df["kernel"].str.contains("modelopt")]
     return _curves(df, ["dtype", "distribution"], ["hidden", "inter", "topk", "experts", "tp",
-                                                    "ep"], "tokens", family)
+                                                    "ep"], "tokens")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,12 +311,16 @@ def subset(doc: dict, spec) -> dict[str, str]:
         if t is not None:
             keep["prefill_attention"] |= {(kv, *key) for key in
                                           t.support((hd, kvh, nh, 1, 0))}
-    for dt, h, i, k, e, tp in needs["moe"]:
-        for dist in MOE_DISTRIBUTIONS:  # balanced routing; else the mildest skew measured
-            t = cal.tables.get("moe", {}).get((dt, dist))
-            if t is not None:
-                keep["moe"] |= {(dt, dist, *key) for key in t.support((h, i, k, e, tp, 1))}
-                break
+    for want, h, i, k, e, tp in needs["moe"]:
+        alts = {"fp8": ("fp8", "fp8_block"), "fp8_block": ("fp8_block", "fp8")}.get(
+            want, (want,))  # the order Calibration.moe reads them in
+        found = False
+        for dt in alts:
+            for dist in MOE_DISTRIBUTIONS:  # balanced routing; else the mildest skew measured
+                t = cal.tables.get("moe", {}).get((dt, dist))
+                if t is not None and not found:
+                    keep["moe"] |= {(dt, dist, *key) for key in t.support((h, i, k, e, tp, 1))}
+                    found = True
     notes = {}
     for fam in ("gemm", "decode_attention", "prefill_attention", "moe"):
         f = FAMILIES[fam]
@@ -358,7 +375,7 @@ def import_tables(gpu: str, *, vllm_version: str | None = None, data_dir: Path |
     for fam, t in tables.items():
         t["kept"] = kept.get(fam, "")
         t["points"] = sum(len(r["seconds"]) for r in doc.get(fam) or [])
-        t["kernels"] = sorted({r["kernel"] for r in doc.get(fam) or []})
+        t["kernels"] = sorted({k for r in doc.get(fam) or [] for k in r["kernel"].split("+")})
     from importlib import metadata
 
     try:

@@ -50,6 +50,7 @@ def database(tmp_path):
     gemm += [_gemm(m, 4096, 4096, 0.005, "fp8_block", "DeepGemmFp8BlockScaledMMKernel")
              for m in (1, 16, 256)]
     gemm += [_gemm(1, 4096, 4096, 0.004, "fp8_block", "CutlassFp8BlockScaledMMKernel")]
+    gemm += [_gemm(8, 4096, 4096, 0.006, "fp8_block", "FlashInferFp8BlockScaledMMKernel")]
     gemm += [_gemm(1, 4096, 4096, 0.003, "nvfp4", "FlashInferCutlassNvFp4LinearKernel")]
     _write(sysd / "gemm/vllm/0.24.0/gemm_perf.parquet", gemm)
     _write(sysd / "gemm/vllm/0.19.0/gemm_perf.parquet",
@@ -75,6 +76,8 @@ def database(tmp_path):
             "topk": 2, "num_experts": 8, "moe_tp_size": 1, "moe_ep_size": 1,
             "distribution": dist, "latency": lat}
            for t, lat in ((1, 0.2), (64, 0.3)) for dist in ("balanced", "power_law_1.2")]
+    moe += [dict(moe[0], kernel_source="vllm_modeloptfp8moe_flashinfer_cutlass", moe_dtype="fp8",
+                 latency=0.9)]  # a ModelOpt-checkpoint path: not servesim's fp8
     _write(sysd / "moe/vllm/0.24.0/moe_perf.parquet", moe)
     return root
 
@@ -113,8 +116,10 @@ def test_import_converts_every_family(database, tmp_path, capsys):
     assert g["m"] == [1, 16, 256]
     assert g["seconds"] == [pytest.approx(1.2e-5), pytest.approx(1.16e-5),
                             pytest.approx(3.56e-5)]
+    # block fp8: DeepGEMM (3 rows) wins over CUTLASS (1) at m = 1; FlashInfer fills m = 8
     fb = _curve(doc, "gemm", dtype="fp8_block", n=4096, k=4096)
-    assert fb["kernel"] == "DeepGemmFp8BlockScaledMMKernel" and fb["seconds"] == [5e-6] * 3
+    assert fb["m"] == [1, 8, 16, 256] and fb["seconds"] == [5e-6, 6e-6, 5e-6, 5e-6]
+    assert fb["kernel"] == "DeepGemmFp8BlockScaledMMKernel+FlashInferFp8BlockScaledMMKernel"
     assert {r["dtype"] for r in doc["gemm"]} == {"bfloat16", "fp8_block"}
     # decode: context = isl + step; sliding-window rows and the sparser FA4 lane dropped
     d = _curve(doc, "decode_attention", head_dim=128, batch=4)
@@ -133,6 +138,7 @@ def test_import_converts_every_family(database, tmp_path, capsys):
     assert _curve(doc, "allreduce", mode="eager", tp=2)["seconds"] == [2e-5, 2e-5]
     moe = _curve(doc, "moe", distribution="balanced")
     assert (moe["tokens"], moe["seconds"]) == ([1, 64], [2e-4, 3e-4])
+    assert {r["dtype"] for r in doc["moe"]} == {"bfloat16"}  # the ModelOpt fp8 row dropped
 
 
 def test_default_keeps_only_what_the_catalog_reads(database, tmp_path):
