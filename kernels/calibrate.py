@@ -659,7 +659,11 @@ def _stats(xs: list[float]) -> str:
 def report_lines(doc: dict) -> list[str]:
     """Kernel quality: Triton/vendor GEMM time by M class, decode bandwidth and prefill FLOP/s
     as % of the spec peaks."""
-    fp, peaks = doc["fingerprint"], doc["peaks"]
+    if (doc.get("source") or {}).get("kind") == "aiconfigurator":
+        raise ServesimError("calibrate report: kernel quality compares servesim's Triton kernels "
+                            "with the vendor path, which only `simulate calibrate` measures; "
+                            "this file is imported: use `simulate calibrate check FILE`")
+    fp, peaks = doc.get("fingerprint") or {}, doc["peaks"]
     out = [(f"calibration for {doc['gpu']}: {fp.get('device_name')} "
             f"({fp.get('sm_count')} SMs), {fp.get('mode')} run {fp.get('date')}; "
             f"torch {fp.get('torch')}, triton {fp.get('triton')}, CUDA {fp.get('cuda')}, "

@@ -15,9 +15,9 @@ from typing import Annotated
 
 import typer
 
-HELP = ("Time the Triton kernels and the vendor path on this GPU over shapes from the model "
-        "catalog and write <user calibration dir>/<gpu>.yaml (it takes precedence over the "
-        "shipped configs/calibration/<gpu>.yaml).")
+HELP = ("Time GEMM, attention, MoE (and with >= 2 GPUs all-reduce) kernels on this GPU over "
+        "shapes from the model catalog and write <user calibration dir>/<gpu>.yaml (it takes "
+        "precedence over the shipped configs/calibration/<gpu>.json).")
 
 
 def register(app: typer.Typer) -> None:
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
             "installed aiconfigurator-core package).")] = None,
         all_shapes: Annotated[bool, typer.Option(
             "--all-shapes", help="Keep every curve, not only those the model catalog reads "
-            "(files grow ~10x).")] = False,
+            "(files grow ~12x).")] = False,
     ) -> None:
         """Convert aiconfigurator-core's vLLM kernel tables (measured by NVIDIA, Apache-2.0)
         for one GPU into a calibration file."""

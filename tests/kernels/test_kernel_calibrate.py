@@ -180,12 +180,18 @@ def test_harness_end_to_end_on_cpu(tmp_path, monkeypatch):
                    C.DecodeShape(2, 25, 40, 4, 1, 16, "float32", "float32", (10, 40))]
     plan.prefill = [C.PrefillShape(1, 20, 10, 4, 2, 16, "float32")]
     plan.moe = [C.MoeShape(3, 16, 32, 2, 4, 2)]
+    plan.allreduce = [(2, 1024), (2, 4096)]
+    # NCCL needs >= 2 GPUs: the process-spawning runner is replaced, the rows are real code
+    monkeypatch.setattr(B, "time_allreduce", lambda tp, sizes, s: [
+        (mode, b, t + b * 1e-9) for b in sizes for mode, t in (("eager", 2e-5), ("graph", 5e-6))])
     doc = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
     ticks = []
     C.measure_plan(plan, doc, C.BenchSettings(0.0, 0.0, 1, 1),
                    progress=lambda total: lambda: ticks.append(total))
     assert "skipped" not in doc, doc.get("skipped")
-    assert len(ticks) == 7
+    assert len(ticks) == 9
+    assert [(r["mode"], r["tp"], r["bytes"]) for r in doc["allreduce"]] == [
+        ("eager", 2, 1024), ("graph", 2, 1024), ("eager", 2, 4096), ("graph", 2, 4096)]
     assert [len(doc[k]) for k in ("memcpy", "gemm", "decode_attention", "prefill_attention",
                                   "moe")] == [1, 2, 2, 1, 1]
     assert doc["decode_attention"][1]["vendor_s"] is None  # mixed lengths: no dense vendor path
@@ -197,6 +203,11 @@ def test_harness_end_to_end_on_cpu(tmp_path, monkeypatch):
     assert (moe["tokens"], moe["inter"], moe["tp"], moe["ep"]) == (3, 32, 2, 1)
     assert moe["kernel"].startswith(("torch reference", "vllm"))
     C.write_calibration(doc, tmp_path / "cpu.yaml")  # validates as schema version 2
+    from servesim.costmodels.calibration import Calibration
+
+    c = Calibration(tmp_path / "cpu.yaml", C.read_calibration(tmp_path / "cpu.yaml"))
+    assert c.allreduce(2, 4096, graph=True) == (5e-6 + 4096e-9, "calibration:measured/cpu.yaml")
+    assert c.gemm(3, 48, 64)[0] == g["seconds"]
 
 
 def test_cost_model_reader_accepts_the_writer_output():

@@ -198,6 +198,13 @@ def test_check_reports_each_family(database, tmp_path, capsys):
     assert "measured by NVIDIA" in text and "prefill_attention" in text
 
 
+def test_report_refuses_an_imported_file(database, tmp_path, capsys):
+    out = tmp_path / "h100.json"
+    _import(database, out)
+    code, _, err = _run(["calibrate", "report", str(out)], capsys)
+    assert code == 2 and "use `simulate calibrate check FILE`" in err and err.count("\n") == 1
+
+
 def test_missing_extra_is_one_line(monkeypatch, capsys):
     real = A.importlib.util.find_spec
     monkeypatch.setattr(A.importlib.util, "find_spec",
