@@ -135,10 +135,9 @@ class Series:
     """One measured curve: seconds over the swept coordinate (sorted, duplicates averaged),
     linear between points in ``u = warp(x)``."""
 
-    __slots__ = ("meta", "tmin", "ts", "us", "warp", "xs")
+    __slots__ = ("tmin", "ts", "us", "warp", "xs")
 
-    def __init__(self, pts: list[tuple[float, float]], warp: Callable[[float], float] | None,
-                 meta: dict | None = None):
+    def __init__(self, pts: list[tuple[float, float]], warp: Callable[[float], float] | None):
         agg: dict[float, list[float]] = defaultdict(list)
         for x, t in pts:
             agg[x].append(t)
@@ -147,7 +146,6 @@ class Series:
         self.warp = warp
         self.us = [warp(x) for x in self.xs] if warp else self.xs
         self.tmin = min(self.ts)
-        self.meta = meta or {}
 
     def at(self, x: float, skip: int | None = None) -> tuple[float, float, bool]:
         """(seconds, x measured nearest, inside). Outside the range: the end point's time and
