@@ -203,7 +203,7 @@ def write_ab_csv(ab_rows: list[dict], path: Any) -> None:
     """Write ``ab.csv`` atomically."""
     from pathlib import Path
 
-    from servesim.simulator.sweep import atomic_write_text
+    from servesim.simulator.experiments.store import atomic_write_text
 
     atomic_write_text(Path(path), ab_csv_text(ab_rows))
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from servesim.reports.numbers import human
 from servesim.simulator.errors import ServesimError
 
 # ---------------------------------------------------------------------------------------------
@@ -59,16 +60,11 @@ class Report:
 
 
 def _cell(v: Any) -> str:
-    if v is None:
-        return ""
+    """A table cell for people (``reports.numbers.human``): 12,660 not 1.266e+04."""
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
-    if isinstance(v, (float, np.floating)):
-        if not math.isfinite(v):
-            return ""
-        if v == int(v) and abs(v) < 1e9:
-            return str(int(v))
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+    if v is None or isinstance(v, (int, float, np.integer, np.floating)):
+        return human(v, digits=4)
     return str(v)
 
 
@@ -179,6 +175,8 @@ def build_report(d: str | Path) -> Report:
     if not d.is_dir():
         raise ServesimError(f"{d}: no such directory")
     kind = detect_kind(d)
+    from servesim.reports.plan import plan_report
+
     rep = {"plan": plan_report, "run": run_report, "sweep": sweep_report}[kind](d)
     rep.kind = kind
     return rep
@@ -199,7 +197,8 @@ def write_report(d: str | Path) -> tuple[Path, Path]:
 # Run report
 
 
-def _load_json(p: Path) -> dict:
+def load_json(p: Path) -> dict:
+    """A results JSON file (ServesimError naming the file when it cannot be read)."""
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError) as e:
@@ -237,7 +236,7 @@ def _fmt(v: Any, unit: str = "", nd: int = 0) -> str:
 def run_report(d: Path) -> Report:
     from servesim.reports import figures as F
 
-    res = _load_json(d / "result.json")
+    res = load_json(d / "result.json")
     req = pd.read_csv(d / "requests.csv")
     ts = pd.read_csv(d / "timeseries.csv") if (d / "timeseries.csv").is_file() else pd.DataFrame()
     slo = _slo_of_run(d, res)
@@ -325,7 +324,7 @@ def load_sweep_points(d: Path) -> pd.DataFrame:
         rows = []
         for p in sorted(d.glob("**/run=*.json")):
             m = _RUN_RE.search(p.name)
-            j = _load_json(p)
+            j = load_json(p)
             flat = {k: v for k, v in j.items() if not isinstance(v, (list, dict))}
             parent = p.parent.name
             arm = str(j.get("arm", parent))
@@ -452,7 +451,7 @@ def sweep_report(d: Path) -> Report:
             gpus = g["num_gpus"].fillna(1)
         g["tokens_per_s_per_user"] = g["output_throughput"] / users
         g["tokens_per_s_per_gpu"] = g["output_throughput"] / gpus
-        from servesim.reports.plan import pareto_mask
+        from servesim.simulator.plan.cost import pareto_mask
 
         g["pareto"] = pareto_mask(g["tokens_per_s_per_user"], g["tokens_per_s_per_gpu"])
     secs = [Section("Latency vs request rate", [F.latency_vs_rate(pts, "arm", slo)]),
@@ -480,136 +479,3 @@ def _user_count(g: pd.DataFrame) -> pd.Series:
             if v.notna().any():
                 return v
     return pd.Series(np.nan, index=g.index)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plan report
-
-
-def plan_summary(plan: dict) -> str:
-    """The answer paragraph of a plan report."""
-    rows = plan["candidates"]
-    rec = next((r for r in rows if r.get("recommended")), None)
-    n_fit = sum(1 for r in rows if r.get("fits"))
-    skipped = [r for r in rows if not r.get("fits")]
-    target = plan["target_request_rate"]
-    if rec is None and n_fit == 0:
-        s = (f"**None of the {len(rows)} candidates fits**, so nothing can serve "
-             f"{target:g} req/s. ")
-        s += "Skipped: " + "; ".join(f"{r['candidate']} ({_short_reason(r['reason'])})"
-                                     for r in skipped[:4]) + "."
-        return s
-    if rec is None:
-        s = (f"**No candidate meets {plan['slo_text']} at any rate**: none of the "
-             f"{len(rows)} candidates can serve {target:g} req/s. ")
-        if skipped:
-            s += "Skipped: " + "; ".join(f"{r['candidate']} ({r['reason']})"
-                                         for r in skipped[:4]) + "."
-        return s
-    s = (f"**Recommended: {int(rec['replicas'])} × {_cand_text(rec)} "
-         f"({int(rec['gpus'])} GPU{'s' if rec['gpus'] != 1 else ''}) serves {target:g} req/s within {plan['slo_text']} for "
-         f"${rec['usd_per_hour']:.2f}/h (${rec['usd_per_1m_output_tokens']:.3f} per 1M output "
-         f"tokens).** One replica sustains {rec['capacity_rps']:.3g} req/s (95% CI "
-         f"{rec['ci_low']:.3g}–{rec['ci_high']:.3g}), so each runs at "
-         f"{rec['operating_rps_per_replica']:.3g} req/s = {rec['utilization_of_knee']:.0%} of "
-         "its knee")
-    kw = plan.get("knee_warn", 0.85)
-    if kw - 0.05 <= rec["utilization_of_knee"] <= kw:
-        s += f" (just under the {kw:.0%} headroom line)"
-    if rec.get("op_slo_p_ttft_ms") is not None and math.isfinite(
-            rec.get("op_slo_p_ttft_ms", math.nan)):
-        p = plan["slo"].get("percentile", 99)
-        p = int(p) if float(p).is_integer() else p
-        where = "simulated there" if rec.get("op_simulated") else "at the knee"
-        s += (f"; {where}, P{p} TTFT is {rec['op_slo_p_ttft_ms']:.0f} ms and P{p} TPOT "
-              f"{rec.get('op_slo_p_tpot_ms', math.nan):.1f} ms, a "
-              f"{rec.get('slo_margin_pct', math.nan):.0f}% margin to the tightest SLO")
-    s += ". "
-    others = [r for r in rows if r.get("rank") and r is not rec and r.get("rank") == r.get(
-        "rank") and r["rank"] >= 2]
-    others.sort(key=lambda r: r["rank"])
-    if others:
-        r2 = others[0]
-        s += (f"Runner-up: {int(r2['replicas'])} × {_cand_text(r2)} at "
-              f"${r2['usd_per_hour']:.2f}/h (+{100 * (r2['usd_per_hour'] / rec['usd_per_hour'] - 1):.0f}%). ")
-    s += f"{n_fit} of {len(rows)} candidates fit"
-    if skipped:
-        s += "; skipped: " + "; ".join(f"{r['candidate']} ({_short_reason(r['reason'])})"
-                                       for r in skipped[:3])
-        if len(skipped) > 3:
-            s += f" and {len(skipped) - 3} more"
-    s += "."
-    if rec.get("warning"):
-        s += f" **Warning:** {rec['warning']}."
-    return s
-
-
-def _short_reason(r: str, n: int = 110) -> str:
-    r = str(r)
-    return r if len(r) <= n else r[: n - 1] + "…"
-
-
-def _cand_text(r: dict) -> str:
-    tp, pp = int(r["tensor_parallel_size"]), int(r.get("pipeline_parallel_size", 1) or 1)
-    s = f"{r['hardware']} TP{tp}" + (f" PP{pp}" if pp > 1 else "")
-    extras = [t for t in str(r["candidate"]).split("_")
-              if t not in (str(r["hardware"]), f"tp{tp}", f"pp{pp}")]
-    return s + (f" ({', '.join(extras)})" if extras else "") + " replicas"
-
-
-def plan_report(d: Path) -> Report:
-    from servesim.reports import figures as F
-
-    if (d / "plan.json").is_file():
-        plan = _load_json(d / "plan.json")
-    else:  # only plan.csv: rebuild a minimal plan dict
-        df = pd.read_csv(d / "plan.csv")
-        plan = {"candidates": df.to_dict("records"), "target_request_rate": float("nan"),
-                "slo": {}, "slo_text": "the SLO", "points": [], "name": d.name}
-    cand = pd.DataFrame(plan["candidates"])
-    pts = pd.DataFrame(plan.get("points", []))
-    slo = {k: v for k, v in plan.get("slo", {}).items() if k.endswith("_ms") and v}
-    knees = {r["candidate"]: r.get("capacity_rps") for r in plan["candidates"]
-             if r.get("fits")}
-    secs = []
-    cols = [c for c in ("rank", "candidate", "fits", "capacity_rps", "ci_low", "ci_high",
-                        "replicas", "gpus", "usd_per_hour", "usd_per_1m_output_tokens",
-                        "utilization_of_knee", "slo_margin_pct", "pareto", "reason", "warning")
-            if c in cand]
-    price_note = ""
-    if plan.get("prices"):
-        used = {r.get("hardware") for r in plan["candidates"]}
-        price_note = "Prices ($/GPU-hour, editable in configs/prices.yaml): " + "; ".join(
-            f"{k} ${v['usd_per_gpu_hour']:g} ({v['source']}, {v['as_of']})"
-            for k, v in plan["prices"].items() if k in used) + "."
-    secs.append(Section("Candidates ranked by cost", [
-        Table(cand[cols], f"Target {plan['target_request_rate']:g} req/s; SLO "
-              f"{plan['slo_text']}; seeds {plan.get('seeds')}."),
-        price_note] if price_note else [Table(cand[cols])]))
-    fit = cand[cand["fits"].astype(bool)] if "fits" in cand else cand
-    if "usd_per_1m_output_tokens" in cand:
-        secs.append(Section("Cost", [F.cost_bars(fit, "candidate", plan.get("recommended"))]))
-    if "capacity_rps" in cand:
-        secs.append(Section("Capacity", [F.capacity_bars(fit, "candidate")]))
-    if len(pts):
-        search = pts[~pts.get("operating_point", pd.Series(False, index=pts.index))
-                     .fillna(False).astype(bool)]
-        secs.append(Section("Latency vs request rate (search points)",
-                            [F.latency_vs_rate(search, "candidate", slo, knees,
-                                               percentiles=(99,))]))
-        secs.append(Section("Throughput and goodput vs rate",
-                            [F.throughput_vs_rate(search, "candidate", knees)]))
-    if "tokens_per_s_per_gpu" in cand:
-        secs.append(Section("Pareto frontier", [F.pareto_front(fit, "candidate")]))
-    meta = (f"Search: bracketing by doubling from an analytic first guess, then bisection "
-            f"until the bracket is within {100 * plan.get('tolerance', {}).get('rel_width', 0.05):g}%"
-            f" per seed; capacity = mean of per-seed capacities, 95% Student-t CI. "
-            f"{len(pts)} simulated points")
-    if plan.get("wall_seconds"):
-        meta += f" in {plan['wall_seconds']:.0f} s wall time ({plan.get('jobs')} jobs)"
-    items: list = [meta + "."]
-    if plan.get("notes"):
-        items.append("Simulator notes: " + " | ".join(plan["notes"]))
-    secs.append(Section("Method", items))
-    return Report(f"servesim capacity plan: {plan.get('name', d.name)}", plan_summary(plan),
-                  secs)

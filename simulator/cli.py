@@ -1,7 +1,7 @@
 """The ``simulate`` command line (one typer app).
 
 Each concern registers its own subcommands (``costmodels.cli``, ``kernels.cli``,
-``workloads.cli``, ``reports.cli``, ``simulator.sweep``); heavy imports (torch, matplotlib,
+``workloads.cli``, ``reports.cli``, ``simulator.experiments.cli``); heavy imports (torch, matplotlib,
 ray) happen inside the commands so ``simulate --help`` stays fast.
 
 Errors: a :class:`~servesim.simulator.errors.ServesimError` is printed as one line on stderr
@@ -51,10 +51,12 @@ def _register_all() -> None:
     from servesim.costmodels import cli as costmodels_cli
     from servesim.kernels import cli as kernels_cli
     from servesim.reports import cli as reports_cli
-    from servesim.simulator import run_cli, sweep_cli
+    from servesim.simulator import run_cli
+    from servesim.simulator.experiments import cli as experiments_cli
     from servesim.workloads import cli as workloads_cli
 
-    for mod in (run_cli, costmodels_cli, workloads_cli, kernels_cli, sweep_cli, reports_cli):
+    for mod in (run_cli, costmodels_cli, workloads_cli, kernels_cli, experiments_cli,
+                reports_cli):
         mod.register(app)
 
 

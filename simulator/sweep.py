@@ -25,41 +25,34 @@ Output (``vllm bench sweep`` layout)::
     DIR/<experiment_name>/summary.csv                                   one row per run
     DIR/<experiment_name>/ab.csv                                        paired A/B statistics
 
-Each finished point is written atomically (temp file + ``os.replace``) by the parent process as
-soon as it finishes; ``resume=True`` skips points whose run file exists and was produced by the
-same point definition (``sweep_point_hash``). Summaries are rebuilt from the run files at the end
-in a fixed order, so resumed and uninterrupted sweeps give identical ``summary.csv``.
+A sweep is a grid of points on the experiment core (``simulator/experiments``): each finished
+point is written atomically by the driver process as soon as it finishes; ``resume=True`` skips
+points whose run file exists and was produced by the same point definition
+(``sweep_point_hash``). Summaries are rebuilt from the run files at the end in a fixed order, so
+resumed and uninterrupted sweeps give identical ``summary.csv``.
 """
 
 from __future__ import annotations
 
 import copy
-import csv
-import hashlib
-import io
 import itertools
-import json
 import math
-import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servesim.simulator import config
-from servesim.simulator.errors import ConfigError, ServesimError
+from servesim.simulator.errors import ConfigError
+from servesim.simulator.experiments import ExperimentRun, Point, PointStore, content_hash, fmt_rate
+from servesim.simulator.experiments.store import HOST_TIMING_KEYS, LEADING_COLUMNS
 
 SPEC_KEYS = (
     "base", "experiment_name", "description", "arms", "grid", "seeds", "num_seeds",
     "request_rates", "overrides", "baseline",
 )
-# Host timings (reports.bench_result.VOLATILE_KEYS): dropped from run files, like write_run does.
-HOST_TIMING_KEYS = frozenset({"wall_seconds", "sim_speed"})
-# Kept in run files but not in summary.csv, so resumed and uninterrupted sweeps match byte for byte.
-VOLATILE_KEYS = frozenset({"date"}) | HOST_TIMING_KEYS
-LEADING_COLUMNS = ("arm", "request_rate", "seed", "run_number")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=,+-]*$")
 
 PointFn = Callable[[dict, list, int, float | None], dict]
@@ -78,28 +71,12 @@ class Arm:
 
 
 @dataclass(frozen=True)
-class SweepPoint:
-    """One simulation: an arm at one request rate with one seed."""
+class SweepPoint(Point):
+    """One simulation: an arm at one request rate (None: the base config's) with one seed."""
 
-    arm: str
-    arm_index: int
-    rate: float | None  # None: keep the base config's rate (e.g. trace replay)
-    rate_label: str
-    seed: int
-    overrides: tuple[tuple[str, Any], ...]  # global + arm overrides, in application order
-    arm_overrides: tuple[tuple[str, Any], ...]
-
-    @property
-    def dirname(self) -> str:
-        return f"SERVE-{self.arm}-BENCH-{self.rate_label}"
-
-    @property
-    def run_name(self) -> str:
-        return f"run={self.seed}.json"
-
-    @property
-    def failure_name(self) -> str:
-        return f"run={self.seed}.failure.json"
+    arm_index: int = 0
+    overrides: tuple[tuple[str, Any], ...] = ()  # global + arm overrides, in application order
+    arm_overrides: tuple[tuple[str, Any], ...] = ()
 
     def sort_key(self) -> tuple:
         rate = math.inf if self.rate is None else self.rate
@@ -148,18 +125,7 @@ class SweepSpec:
 
     def point_hash(self, p: SweepPoint) -> str:
         """Hash of everything that defines the point (base tree, overrides, rate, seed)."""
-        blob = json.dumps([self.base_tree, [list(o) for o in p.overrides], p.rate, p.seed],
-                          sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def fmt_rate(rate: float | None) -> str:
-    """Folder label of a request rate: ``4``, ``2.5``, ``inf``."""
-    if rate is None:
-        return "base"
-    if math.isinf(rate):
-        return "inf"
-    return str(int(rate)) if float(rate).is_integer() else repr(float(rate))
+        return content_hash(self.base_tree, [list(o) for o in p.overrides], p.rate, p.seed)
 
 
 def _parse_rate(v: Any, where: str) -> float:
@@ -206,21 +172,16 @@ def _parse_overrides(node: Any, where: str) -> tuple[tuple[str, Any], ...]:
                       f"'section.key=value'), got {type(node).__name__}")
 
 
-def set_path(tree: dict, key: str, value: Any) -> None:
-    """Set ``section.key`` in a raw config tree, exactly like ``--set``."""
-    config.set_path(tree, key, value)
-
-
 def build_tree(base_tree: dict, overrides: Iterable[tuple[str, Any]], seed: int | None,
                rate: float | None) -> dict:
     """The raw config tree of one point: base ← overrides ← rate ← seed."""
     tree = copy.deepcopy(base_tree)
     for k, v in overrides:
-        set_path(tree, k, v)
+        config.set_path(tree, k, v)
     if rate is not None:
-        set_path(tree, "workload.request_rate", "inf" if math.isinf(rate) else rate)
+        config.set_path(tree, "workload.request_rate", "inf" if math.isinf(rate) else rate)
     if seed is not None:
-        set_path(tree, "workload.seed", seed)
+        config.set_path(tree, "workload.seed", seed)
     return tree
 
 
@@ -443,110 +404,6 @@ def evaluate_point(base_tree: dict, overrides: list, seed: int, rate: float | No
     return compute_bench_result(run_experiment(cfg))
 
 
-def _one_line(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if isinstance(e, ServesimError):
-        return msg or type(e).__name__
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-
-
-def run_point_safe(point_fn: PointFn, index: int, base_tree: dict, overrides: list, seed: int,
-                   rate: float | None) -> tuple[int, dict | None, str | None, float]:
-    """Worker entry: (index, bench dict or None, one-line error or None, seconds)."""
-    t0 = time.perf_counter()
-    try:
-        return index, point_fn(base_tree, overrides, seed, rate), None, time.perf_counter() - t0
-    except Exception as e:  # noqa: BLE001 -- recorded as run=<seed>.failure.json
-        return index, None, _one_line(e), time.perf_counter() - t0
-
-
-# ---------------------------------------------------------------------------------------------
-# Backends: each yields (index, result, error, seconds) as points finish, in any order
-
-
-def _iter_local(tasks: list[tuple], point_fn: PointFn, jobs: int) -> Iterator[tuple]:
-    if jobs <= 1 or len(tasks) <= 1:
-        for t in tasks:
-            yield run_point_safe(point_fn, *t)
-        return
-    from joblib import Parallel, delayed
-
-    par = Parallel(n_jobs=min(jobs, len(tasks)), backend="loky",
-                   return_as="generator_unordered")
-    yield from par(delayed(run_point_safe)(point_fn, *t) for t in tasks)
-
-
-def _iter_ray(tasks: list[tuple], point_fn: PointFn, jobs: int) -> Iterator[tuple]:
-    try:
-        import ray
-    except ImportError:
-        raise ServesimError("--backend ray: ray is not installed "
-                            "(pip install 'servesim[cluster]')") from None
-    started = False
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "logging_level": "warning"}
-        try:
-            if address:
-                ray.init(address=address, **kw)
-            else:
-                ray.init(num_cpus=jobs, **kw)
-        except Exception as e:  # noqa: BLE001 -- any start-up failure is a user-facing error
-            raise ServesimError(f"--backend ray: cannot start/connect to Ray "
-                                f"({_one_line(e)})") from None
-        started = True
-    try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_point_safe)
-        fn_ref = ray.put(point_fn)
-        index_of = {}
-        for t in tasks:
-            index_of[remote.remote(fn_ref, *t)] = t[0]
-        pending = list(index_of)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                try:
-                    yield ray.get(ref)
-                except Exception as e:  # noqa: BLE001 -- the worker died: that point failed
-                    yield index_of[ref], None, f"ray worker failed: {_one_line(e)}", 0.0
-    finally:
-        if started:
-            ray.shutdown()
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=_json_default) + "\n"
-
-
-def _json_default(o: Any) -> Any:
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-    except ImportError:
-        pass
-    return str(o)
-
-
 def run_record(spec: SweepSpec, p: SweepPoint, bench: dict) -> dict:
     """The bench dict of a run plus ``run_number``, the arm, seed and the override keys."""
     rec = {k: v for k, v in bench.items() if k not in HOST_TIMING_KEYS}
@@ -561,68 +418,16 @@ def run_record(spec: SweepSpec, p: SweepPoint, bench: dict) -> dict:
     return rec
 
 
-def _load_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _is_done(spec: SweepSpec, p: SweepPoint, exp_dir: Path) -> bool:
-    """Resume test: the run file exists and was written for this very point definition."""
-    data = _load_json(exp_dir / p.dirname / p.run_name)
-    return data is not None and data.get("sweep_point_hash") == spec.point_hash(p)
-
-
-def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, (str, int, float, bool))
-
-
-def collect_runs(spec: SweepSpec, exp_dir: Path) -> list[tuple[SweepPoint, dict]]:
-    """This spec's finished runs under ``exp_dir`` (stale files excluded), in canonical order."""
-    out = []
-    for p in spec.points():
-        data = _load_json(exp_dir / p.dirname / p.run_name)
-        if data is not None and data.get("sweep_point_hash") == spec.point_hash(p):
-            out.append((p, data))
-    return out
-
-
-def summary_columns(spec: SweepSpec, runs: list[dict]) -> list[str]:
-    cols = list(LEADING_COLUMNS) + [k for k in spec.override_keys if k not in LEADING_COLUMNS]
-    for r in runs:
-        for k, v in r.items():
-            if k not in cols and k not in VOLATILE_KEYS and _scalar(v):
-                cols.append(k)
-    return cols
-
-
-def _csv_cell(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return v
+def _store(spec: SweepSpec, outdir: str | Path) -> PointStore:
+    return PointStore(Path(outdir) / spec.experiment_name, "sweep_point_hash")
 
 
 def write_summaries(spec: SweepSpec, exp_dir: Path) -> list[dict]:
-    """Rebuild every ``summary.json`` and ``summary.csv`` from the run files; return the rows."""
-    found = collect_runs(spec, exp_dir)
-    runs = [r for _, r in found]
-    by_dir: dict[str, list[dict]] = {}
-    for p, r in found:
-        by_dir.setdefault(p.dirname, []).append(r)
-    for d, items in by_dir.items():
-        atomic_write_text(exp_dir / d / "summary.json", _dumps(items))
-    cols = summary_columns(spec, runs)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols)
-    for r in runs:
-        w.writerow([_csv_cell(r.get(c)) for c in cols])
-    atomic_write_text(exp_dir / "summary.csv", buf.getvalue())
-    return [{c: r.get(c) for c in cols} for r in runs]
+    """Rebuild every ``summary.json`` and ``summary.csv`` from this spec's run files (stale
+    files excluded), in canonical order; return the rows."""
+    store = PointStore(exp_dir, "sweep_point_hash")
+    found = store.collect((p, spec.point_hash(p)) for p in spec.points())
+    return store.write_summaries(found, LEADING_COLUMNS + tuple(spec.override_keys))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,6 +453,7 @@ def run_sweep(
     *,
     jobs: int | None = None,
     backend: str = "local",
+    ray_address: str | None = None,
     resume: bool = False,
     progress: bool = False,
     point_fn: PointFn | None = None,
@@ -656,78 +462,47 @@ def run_sweep(
     """Run every point not yet done, writing each as it finishes; rebuild summaries and A/B.
 
     ``max_points`` stops after that many new points (for tests of interruption/resume).
+    Ctrl-C raises :class:`~servesim.simulator.experiments.Interrupted` (points kept so far).
     """
+    from servesim.simulator.experiments.executors import check_options
+
     t0 = time.perf_counter()
-    if backend not in ("local", "ray"):
-        raise ConfigError(f"--backend {backend}: expected local or ray")
-    jobs = jobs or os.cpu_count() or 1
-    if jobs < 1:
-        raise ConfigError(f"--jobs {jobs}: expected a positive integer")
+    jobs = check_options(backend, jobs)
     point_fn = point_fn or evaluate_point
-    exp_dir = Path(outdir) / spec.experiment_name
+    store = _store(spec, outdir)
     points = spec.points()
-    if not resume and exp_dir.is_dir() and any(exp_dir.glob("SERVE-*/run=*.json")):
-        raise ConfigError(f"{exp_dir}: already holds sweep results; pass --resume to continue "
-                          "that sweep, or choose another -o")
-    todo = [p for p in points if not (resume and _is_done(spec, p, exp_dir))]
+    if not resume and store.holds_points():
+        raise ConfigError(f"{store.root}: already holds sweep results; pass --resume to "
+                          "continue that sweep, or choose another -o")
+    todo = [p for p in points if not (resume and store.load(p, spec.point_hash(p)))]
     skipped = len(points) - len(todo)
     if max_points is not None:
         todo = todo[:max_points]
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    tasks = [(i, spec.base_tree, list(p.overrides), p.seed, p.rate) for i, p in enumerate(todo)]
-    it = (_iter_ray if backend == "ray" else _iter_local)(tasks, point_fn, jobs)
-
+    store.root.mkdir(parents=True, exist_ok=True)
+    if backend == "local":  # no more workers than points (one point runs inline)
+        jobs = min(jobs, max(1, len(todo)))
+    run = ExperimentRun(store, label=f"sweep {spec.experiment_name}", total=len(points),
+                        kept=skipped, backend=backend, jobs=jobs, ray_address=ray_address,
+                        progress=progress)
     failures: list[tuple[str, str]] = []
-    n_run = 0
-    bar = _progress(progress, len(points), skipped, spec.experiment_name)
-    try:
-        for index, bench, err, _secs in it:
-            p = todo[index]
-            d = exp_dir / p.dirname
-            if err is None:
-                atomic_write_text(d / p.run_name, _dumps(run_record(spec, p, bench)))
-                (d / p.failure_name).unlink(missing_ok=True)
-            else:
-                fail = {"error": err, "arm": p.arm, "seed": p.seed, "run_number": p.seed,
-                        "request_rate": p.rate_label,
-                        **{k: v for k, v in p.arm_overrides}}
-                atomic_write_text(d / p.failure_name, _dumps(fail))
-                failures.append((str(d / p.failure_name), err))
-            n_run += 1
-            if bar is not None:
-                bar[0].advance(bar[1])
-    finally:
-        if bar is not None:
-            bar[0].stop()
+    with run:
+        for p in todo:
+            run.submit(p, point_fn, spec.base_tree, list(p.overrides), p.seed, p.rate)
+        for p, out in run.as_completed():
+            if out.error is None:
+                run.save(p, run_record(spec, p, out.value))
+                continue
+            fail = {"error": out.error, "arm": p.arm, "seed": p.seed, "run_number": p.seed,
+                    "request_rate": p.rate_label, **dict(p.arm_overrides)}
+            failures.append((str(run.save_failure(p, fail)), out.error))
 
-    rows = write_summaries(spec, exp_dir)
+    rows = write_summaries(spec, store.root)
     ab_rows: list[dict] = []
     if len(spec.arms) > 1 and rows:
         from servesim.reports.ab import paired_ab, write_ab_csv
 
         ab_rows = paired_ab(rows, baseline=spec.baseline)
-        write_ab_csv(ab_rows, exp_dir / "ab.csv")
-    return SweepOutcome(exp_dir=exp_dir, num_points=len(points), num_skipped=skipped,
-                        num_run=n_run, num_failed=len(failures), failures=failures, rows=rows,
-                        ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)
-
-
-def _progress(enabled: bool, total: int, done: int, name: str):
-    if not enabled:
-        return None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    prog = Progress(TextColumn("[bold]sweep {task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=Console(stderr=True), transient=False)
-    prog.start()
-    task = prog.add_task(name, total=total, completed=done)
-    return prog, task
+        write_ab_csv(ab_rows, store.root / "ab.csv")
+    return SweepOutcome(exp_dir=store.root, num_points=len(points), num_skipped=skipped,
+                        num_run=len(todo), num_failed=len(failures), failures=failures,
+                        rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from servesim.reports.plan import get_path
+from servesim.simulator.plan.spec import get_path
 from servesim.simulator.errors import CapacityError
 
 # per-replica "true" capacity scale per GPU (req/s at which P99 TTFT reaches ~1 s)
@@ -19,8 +19,9 @@ def true_capacity(tree: dict, seed: int, noise: float = 0.04) -> float:
     return cap * (1 + noise * np.random.default_rng(1000 + seed).standard_normal())
 
 
-def synthetic_eval(tree, rate, seed, slo, cand, points_dir):
-    """Latencies (ms) rise smoothly and steeply as rate approaches capacity (monotone)."""
+def synthetic_eval(tree, rate, seed, slo, cand):
+    """Latencies (ms) rise smoothly and steeply as rate approaches capacity (monotone); the
+    point record holds the planner's metrics under ``plan_point``, as evaluate_point's does."""
     cap = true_capacity(tree, seed)
     u = rate / cap
     ttft = 150 + 850 * u ** 6
@@ -38,7 +39,7 @@ def synthetic_eval(tree, rate, seed, slo, cand, points_dir):
              request_goodput=served if ttft <= slo.get("ttft_ms") or math.inf else 0.0,
              goodput_pct=100.0 if ttft <= (slo.get("ttft_ms") or math.inf) else 50.0,
              num_preemptions=0.0, max_concurrent_requests=max(1.0, rate * 3.0))
-    return m
+    return {"request_rate": rate, "plan_point": m}
 
 
 def synthetic_fit(tree, source):

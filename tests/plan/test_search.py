@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from servesim.reports.plan import (
+from servesim.simulator.plan import (
     PlanSLO,
     PlanSpec,
     PlanTolerance,
@@ -185,16 +185,10 @@ def test_plan_warns_near_the_knee():
 _CALLS: list = []
 
 
-def _counting_eval(tree, rate, seed, slo, cand, points_dir):
-    """synthetic_eval that also writes the point file, like evaluate_point does."""
-    from servesim.reports.plan import _atomic_write_json, _point_path, point_hash
-
+def _counting_eval(tree, rate, seed, slo, cand):
+    """synthetic_eval that counts its calls (the plan driver writes the point files)."""
     _CALLS.append((cand, rate, seed))
-    m = synthetic_eval(tree, rate, seed, slo, cand, points_dir)
-    _atomic_write_json(_point_path(Path(points_dir), cand, rate, seed),
-                       {"request_rate": rate, "plan_point": m,
-                        "plan_point_hash": point_hash(tree, rate, seed, slo)})
-    return m
+    return synthetic_eval(tree, rate, seed, slo, cand)
 
 
 def test_resume_reuses_finished_points(tmp_path):
@@ -225,7 +219,7 @@ def test_tolerance_defaults():
 
 
 def test_queue_growth_separates_sustained_from_overloaded():
-    from servesim.reports.plan import queue_growth
+    from servesim.simulator.plan import queue_growth
 
     rng = np.random.default_rng(0)
     arr = np.sort(rng.uniform(0, 100, 2000))  # 20 req/s for 100 s
@@ -241,7 +235,7 @@ def test_queue_growth_separates_sustained_from_overloaded():
 
 
 def test_sustained_tree_raises_num_prompts():
-    from servesim.reports.plan import sustained_tree
+    from servesim.simulator.plan.point import sustained_tree
 
     t = {"workload": {"kind": "random", "num_prompts": 300}}
     assert sustained_tree(t, 2.0, 60, 20000) is t  # 120 < 300: unchanged
@@ -253,7 +247,7 @@ def test_sustained_tree_raises_num_prompts():
 
 
 def test_load_plan_with_relative_base_and_bad_key(tmp_path):
-    from servesim.reports.plan import base_tree, expand_candidates, load_plan
+    from servesim.simulator.plan.spec import base_tree, expand_candidates, load_plan
     from servesim.simulator.errors import ConfigError
 
     (tmp_path / "base.yaml").write_text("hardware: {name: l40s}\nparallel: "
@@ -276,7 +270,7 @@ def test_load_plan_with_relative_base_and_bad_key(tmp_path):
 
 
 def test_plan_where_nothing_fits_says_so(tmp_path):
-    from servesim.reports.render import plan_summary
+    from servesim.reports.plan import plan_summary
     from servesim.simulator.errors import CapacityError
 
     def never(tree, source):

@@ -1,0 +1,223 @@
+"""Where points run: inline, in local worker processes, or on a Ray cluster.
+
+One interface, so that a fixed grid (sweep) and an adaptive search (plan) drive them alike::
+
+    with open_executor("local", jobs=4) as ex:
+        ex.submit(tag, fn, *args)                 # any time, also while iterating below
+        for tag, outcome in ex.as_completed():    # until nothing is pending
+            ...                                   # outcome.value, or outcome.error (one line)
+
+``fn`` runs in the worker; an exception there comes back as ``Outcome.error`` (one line) with
+``Outcome.user_error`` telling a :class:`ServesimError` (a config the engine refuses) from a
+crash. Records are written by the caller, in the driver process: with Ray, results stream back
+from the cluster to the driver's output folder.
+
+Shutdown. Leaving the ``with`` block normally stops idle workers; leaving it by an exception
+(Ctrl-C is a ``KeyboardInterrupt``) cancels what is pending and kills running workers at once.
+Local workers ignore SIGINT (the terminal sends it to the whole process group: the driver
+decides) and watch their parent: if the driver dies without clean-up (SIGKILL, the OOM killer)
+each worker exits within ``WATCH_PARENT_S`` seconds, so no orphan keeps simulating.
+
+Backends: ``inline`` (jobs = 1: in the driver, one point at a time, lazily, so each point is
+written before the next starts), ``local`` (loky worker processes), ``ray`` (``ray_address``,
+else ``RAY_ADDRESS``, else a local Ray started with ``num_cpus = jobs`` and shut down after).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Self
+
+from servesim.simulator.errors import ConfigError, ServesimError
+from servesim.simulator.experiments.points import one_line
+
+BACKENDS = ("local", "ray")
+WATCH_PARENT_S = 0.25
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a point's function gave: its value, or a one-line error."""
+
+    value: Any = None
+    error: str | None = None
+    kind: str = ""  # the exception's class name
+    user_error: bool = False  # the error is a ServesimError (bad config), not a crash
+
+
+def call(fn: Callable, args: tuple) -> Outcome:
+    """Run ``fn(*args)`` in a worker; any exception becomes an :class:`Outcome` error."""
+    try:
+        return Outcome(fn(*args))
+    except Exception as e:  # noqa: BLE001 -- reported to the driver, which decides
+        return Outcome(error=one_line(e), kind=type(e).__name__,
+                       user_error=isinstance(e, ServesimError))
+
+
+def _watch_parent(ppid: int) -> None:
+    while os.getppid() == ppid:
+        time.sleep(WATCH_PARENT_S)
+    os._exit(1)  # the driver is gone: nobody will read this worker's result
+
+
+def worker_init() -> None:
+    """Initializer of local worker processes (see the module docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True,
+                     name="servesim-watch-parent").start()
+
+
+class Executor:
+    """``submit(tag, fn, *args)`` and ``as_completed()``; a context manager (see above)."""
+
+    def submit(self, tag: Any, fn: Callable, *args: Any) -> None:
+        raise NotImplementedError
+
+    def as_completed(self) -> Iterator[tuple[Any, Outcome]]:
+        raise NotImplementedError
+
+    @property
+    def pending(self) -> int:
+        raise NotImplementedError
+
+    def close(self, *, kill: bool) -> None:
+        """Stop the workers; ``kill``: at once, dropping unfinished points."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(kill=exc_type is not None)
+
+
+class InlineExecutor(Executor):
+    """Runs each point in the driver when ``as_completed`` reaches it (submission order)."""
+
+    def __init__(self) -> None:
+        self._queue: deque = deque()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def submit(self, tag: Any, fn: Callable, *args: Any) -> None:
+        self._queue.append((tag, fn, args))
+
+    def as_completed(self) -> Iterator[tuple[Any, Outcome]]:
+        while self._queue:
+            tag, fn, args = self._queue.popleft()
+            yield tag, call(fn, args)
+
+
+class ProcessExecutor(Executor):
+    """Local worker processes (loky: spawned, reused across points, killable)."""
+
+    def __init__(self, jobs: int) -> None:
+        from joblib.externals.loky import ProcessPoolExecutor
+
+        self._ex = ProcessPoolExecutor(max_workers=jobs, initializer=worker_init)
+        self._futures: dict[Any, Any] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._futures)
+
+    def submit(self, tag: Any, fn: Callable, *args: Any) -> None:
+        self._futures[self._ex.submit(call, fn, args)] = tag
+
+    def as_completed(self) -> Iterator[tuple[Any, Outcome]]:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        while self._futures:
+            done, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
+            for fut in done:
+                tag = self._futures.pop(fut)
+                try:
+                    out = fut.result()
+                except Exception as e:  # noqa: BLE001 -- the worker process died
+                    out = Outcome(error=f"worker process failed: {one_line(e)}")
+                yield tag, out
+
+    def close(self, *, kill: bool) -> None:
+        self._ex.shutdown(wait=not kill, kill_workers=kill)
+        self._futures.clear()
+
+
+class RayExecutor(Executor):
+    """Points as Ray tasks (1 CPU each) on the cluster at ``address``, or on a local Ray."""
+
+    def __init__(self, jobs: int, address: str | None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ServesimError("--backend ray: ray is not installed "
+                                "(pip install 'servesim[cluster]')") from None
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if self.started:
+            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "logging_level": "warning"}
+            try:
+                if address:
+                    ray.init(address=address, **kw)
+                else:
+                    ray.init(num_cpus=jobs, **kw)
+            except Exception as e:  # noqa: BLE001 -- any start-up failure is a user error
+                where = f"connect to Ray at {address}" if address else "start a local Ray"
+                raise ServesimError(f"--backend ray: cannot {where} ({one_line(e)})") from None
+        self._call = ray.remote(num_cpus=1, max_retries=0)(call)
+        self._refs: dict[Any, Any] = {}
+
+    @property
+    def pending(self) -> int:
+        return len(self._refs)
+
+    def submit(self, tag: Any, fn: Callable, *args: Any) -> None:
+        self._refs[self._call.remote(fn, args)] = tag
+
+    def as_completed(self) -> Iterator[tuple[Any, Outcome]]:
+        while self._refs:
+            done, _ = self.ray.wait(list(self._refs), num_returns=1)
+            for ref in done:
+                tag = self._refs.pop(ref)
+                try:
+                    out = self.ray.get(ref)
+                except Exception as e:  # noqa: BLE001 -- the worker or its node died
+                    out = Outcome(error=f"ray worker failed: {one_line(e)}")
+                yield tag, out
+
+    def close(self, *, kill: bool) -> None:
+        if kill:
+            for ref in self._refs:
+                try:
+                    self.ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001,S110 -- already finished or gone
+                    pass
+        self._refs.clear()
+        if self.started:
+            self.ray.shutdown()
+
+
+def check_options(backend: str, jobs: int | None) -> int:
+    """Validate ``--backend`` / ``--jobs``; return the job count (default: the cores)."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend}: expected local or ray")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs {jobs}: expected a positive integer")
+    return jobs or os.cpu_count() or 1
+
+
+def open_executor(backend: str = "local", jobs: int | None = None,
+                  ray_address: str | None = None) -> Executor:
+    """The executor for ``--backend``/``--jobs``/``--ray-address`` (see the module docstring)."""
+    jobs = check_options(backend, jobs)
+    if backend == "ray":
+        return RayExecutor(jobs, ray_address)
+    return InlineExecutor() if jobs == 1 else ProcessExecutor(jobs)
