@@ -29,9 +29,10 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from servesim.simulator.errors import ConfigError, ServesimError
@@ -43,21 +44,28 @@ WATCH_PARENT_S = 0.25
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a point's function gave: its value, or a one-line error."""
+    """What a point's function gave: its value, or a one-line error; and its warnings."""
 
     value: Any = None
     error: str | None = None
     kind: str = ""  # the exception's class name
     user_error: bool = False  # the error is a ServesimError (bad config), not a crash
+    warnings: tuple[tuple[type[Warning], str], ...] = ()  # (category, message)
 
 
 def call(fn: Callable, args: tuple) -> Outcome:
-    """Run ``fn(*args)`` in a worker; any exception becomes an :class:`Outcome` error."""
-    try:
-        return Outcome(fn(*args))
-    except Exception as e:  # noqa: BLE001 -- reported to the driver, which decides
-        return Outcome(error=one_line(e), kind=type(e).__name__,
-                       user_error=isinstance(e, ServesimError))
+    """Run ``fn(*args)`` in a worker; an exception becomes an :class:`Outcome` error and the
+    warnings it raises travel back with it (the driver shows each distinct one once, whatever
+    process or node the point ran on)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = Outcome(fn(*args))
+        except Exception as e:  # noqa: BLE001 -- reported to the driver, which decides
+            out = Outcome(error=one_line(e), kind=type(e).__name__,
+                          user_error=isinstance(e, ServesimError))
+    seen = tuple(dict.fromkeys((w.category, str(w.message)) for w in caught))
+    return replace(out, warnings=seen) if seen else out
 
 
 def _watch_parent(ppid: int) -> None:
@@ -116,20 +124,30 @@ class InlineExecutor(Executor):
 
 
 class ProcessExecutor(Executor):
-    """Local worker processes (loky: spawned, reused across points, killable)."""
+    """Local worker processes (loky: spawned, reused across points, killable). At most
+    ``jobs`` points are handed to the pool at a time; the rest wait here, so an interrupt has
+    nothing queued inside the pool to unwind."""
 
     def __init__(self, jobs: int) -> None:
         from joblib.externals.loky import ProcessPoolExecutor
 
+        self.jobs = jobs
         self._ex = ProcessPoolExecutor(max_workers=jobs, initializer=worker_init)
         self._futures: dict[Any, Any] = {}
+        self._backlog: deque = deque()
 
     @property
     def pending(self) -> int:
-        return len(self._futures)
+        return len(self._futures) + len(self._backlog)
 
     def submit(self, tag: Any, fn: Callable, *args: Any) -> None:
-        self._futures[self._ex.submit(call, fn, args)] = tag
+        self._backlog.append((tag, fn, args))
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._backlog and len(self._futures) < self.jobs:
+            tag, fn, args = self._backlog.popleft()
+            self._futures[self._ex.submit(call, fn, args)] = tag
 
     def as_completed(self) -> Iterator[tuple[Any, Outcome]]:
         from concurrent.futures import FIRST_COMPLETED, wait
@@ -138,6 +156,7 @@ class ProcessExecutor(Executor):
             done, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
             for fut in done:
                 tag = self._futures.pop(fut)
+                self._fill()
                 try:
                     out = fut.result()
                 except Exception as e:  # noqa: BLE001 -- the worker process died
@@ -145,7 +164,9 @@ class ProcessExecutor(Executor):
                 yield tag, out
 
     def close(self, *, kill: bool) -> None:
-        self._ex.shutdown(wait=not kill, kill_workers=kill)
+        self._backlog.clear()
+        # loky fails the pending futures itself; killing is quick, so wait for it
+        self._ex.shutdown(wait=True, kill_workers=kill)
         self._futures.clear()
 
 

@@ -16,6 +16,7 @@ which says how many points are kept on disk (``--resume`` starts from there).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
@@ -54,6 +55,7 @@ class ExperimentRun:
         self._ex: Executor | None = None
         self._bar_args = (label, total, kept) if progress else None
         self._bar: _Bar | None = None
+        self._warned: set[tuple[type[Warning], str]] = set()
 
     def __enter__(self) -> Self:
         self._ex = self._open()
@@ -87,8 +89,14 @@ class ExperimentRun:
         return self._ex.pending if self._ex is not None else 0
 
     def as_completed(self) -> Iterator[tuple[Any, Outcome]]:
+        """Finished points, in completion order; their warnings are shown here, once each."""
         assert self._ex is not None
-        yield from self._ex.as_completed()
+        for tag, out in self._ex.as_completed():
+            for category, message in out.warnings:
+                if (category, message) not in self._warned:
+                    self._warned.add((category, message))
+                    warnings.warn(message, category, stacklevel=2)
+            yield tag, out
 
     def save(self, p: Point, record: dict) -> None:
         self.store.save(p, record)

@@ -140,17 +140,20 @@ def _row(spec: PlanSpec, c: Candidate, prices: dict[str, dict], sizing: dict) ->
     row["tokens_per_s_per_user"] = otp / users if users and users > 0 else math.nan
     if c.confirm is not None and not c.confirm["passed"]:
         row["fits"] = False
-        row["reason"] = (f"the simulated operating point misses the SLO even with "
-                         f"{c.replicas} replicas ({human(op['request_rate'])} req/s each): "
+        row["reason"] = (f"its simulated operating point misses the SLO even with "
+                         f"{_replicas(c.replicas)} ({human(op['request_rate'])} req/s each): "
                          + "; ".join(slo_misses(op, spec.slo)))
     elif c.replicas > c.min_replicas:
         missed = c.confirms[-2]
         sizing[c.name] = (
-            f"{c.replicas - c.min_replicas} replica(s) added to ceil(target / capacity) = "
-            f"{c.min_replicas}: with {c.replicas - 1} the simulated operating point "
-            f"({human(missed['request_rate'])} req/s each) missed "
-            + "; ".join(slo_misses(missed, spec.slo)))
+            f"{_replicas(c.replicas)}, not ceil(target / capacity) = {c.min_replicas}: with "
+            f"{_replicas(c.replicas - 1)} ({human(missed['request_rate'])} req/s each) the "
+            "simulated operating point missed " + "; ".join(slo_misses(missed, spec.slo)))
     return row
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica{'s' if n != 1 else ''}"
 
 
 def _usable(r: dict) -> bool:

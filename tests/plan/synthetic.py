@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from servesim.simulator.plan.spec import get_path
 from servesim.simulator.errors import CapacityError
+from servesim.simulator.plan.spec import get_path
 
 # per-replica "true" capacity scale per GPU (req/s at which P99 TTFT reaches ~1 s)
 BASE = {"a100-sxm4-80gb": 6.0, "h100-sxm": 14.0, "l40s": 3.0}

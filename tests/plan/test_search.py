@@ -247,8 +247,8 @@ def test_sustained_tree_raises_num_prompts():
 
 
 def test_load_plan_with_relative_base_and_bad_key(tmp_path):
-    from servesim.simulator.plan.spec import base_tree, expand_candidates, load_plan
     from servesim.simulator.errors import ConfigError
+    from servesim.simulator.plan.spec import base_tree, expand_candidates, load_plan
 
     (tmp_path / "base.yaml").write_text("hardware: {name: l40s}\nparallel: "
                                         "{data_parallel_size: 4}\nworkload: {num_prompts: 5}\n")
