@@ -31,27 +31,33 @@ PLAN = {
 }
 
 
-@pytest.fixture(scope="session")
-def sweep_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("sweep") / "kill.yaml"
-    p.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+def _yaml(tmp_path_factory, tree: dict) -> Path:
+    p = tmp_path_factory.mktemp("spec") / "kill.yaml"
+    p.write_text(yaml.safe_dump(tree, sort_keys=False))
     return p
 
 
 @pytest.fixture(scope="session")
-def sweep_reference(sweep_file, tmp_path_factory) -> Path:
-    return run_sweep(load_spec(sweep_file), tmp_path_factory.mktemp("sref"), jobs=1).exp_dir
+def sweep_file(tmp_path_factory) -> Path:
+    return _yaml(tmp_path_factory, SWEEP)
 
 
 @pytest.fixture(scope="session")
 def plan_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("plan") / "kill.yaml"
-    p.write_text(yaml.safe_dump(PLAN, sort_keys=False))
-    return p
+    return _yaml(tmp_path_factory, PLAN)
+
+
+@pytest.fixture(scope="session")
+def sweep_reference(sweep_file, tmp_path_factory) -> Path:
+    """The ``-o`` folder of an uninterrupted single-process run."""
+    out = tmp_path_factory.mktemp("sref")
+    run_sweep(load_spec(sweep_file), out, jobs=1)
+    return out
 
 
 @pytest.fixture(scope="session")
 def plan_reference(plan_file, tmp_path_factory) -> Path:
+    """The ``-o`` folder of an uninterrupted single-process run."""
     out = tmp_path_factory.mktemp("pref")
     spec, plan_dir = load_plan(plan_file)
     run_plan(spec, plan_dir, out, jobs=1, quiet=True, write_report=False)

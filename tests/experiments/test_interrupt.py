@@ -8,7 +8,6 @@ byte)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from same import SWEEP_NAME, assert_same_results
 from servesim.simulator.cli import main
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(),
@@ -75,58 +75,22 @@ def _interrupt(argv: list[str], folder: Path, sig: int, tmp_path: Path) -> tuple
     return rc, err.read_text()
 
 
-def _no_date(p: Path) -> dict:
-    return {k: v for k, v in json.loads(p.read_text()).items() if k != "date"}
-
-
-def _same_tree(a: Path, b: Path, files: tuple[str, ...]) -> None:
-    for name in files:
-        assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    runs = sorted(p.relative_to(a) for p in a.glob("SERVE-*/run=*.json"))
-    assert runs == sorted(p.relative_to(b) for p in b.glob("SERVE-*/run=*.json"))
-    for rel in runs:
-        assert _no_date(a / rel) == _no_date(b / rel), rel
-    assert not list(b.rglob("*.tmp"))
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
-def test_sweep_interrupted_then_resumed(sweep_file, sweep_reference, tmp_path, sig):
+@pytest.mark.parametrize("kind", ["sweep", "plan"])
+def test_interrupted_then_resumed(kind, sig, request, tmp_path):
+    spec_file = request.getfixturevalue(f"{kind}_file")
     out = tmp_path / "out"
-    argv = ["sweep", str(sweep_file), "-o", str(out), "--jobs", "2", "--quiet"]
-    rc, err = _interrupt(argv, out / "kill", sig, tmp_path)
-    kept = sum(1 for _ in (out / "kill").glob("SERVE-*/run=*.json"))
+    folder, of = (out / SWEEP_NAME, " of 12") if kind == "sweep" else (out / "points", "")
+    argv = [kind, str(spec_file), "-o", str(out), "--jobs", "2", "--quiet"]
+    rc, err = _interrupt(argv, folder, sig, tmp_path)
+    kept = sum(1 for _ in folder.glob("SERVE-*/run=*.json"))
     if sig == signal.SIGINT:
         assert rc == 130
-        assert err.splitlines() == [
-            (f"interrupted: {kept} of 12 point(s) kept in {out / 'kill'}; resume with: "
-            f"simulate sweep {sweep_file} -o {out} --jobs 2 --resume")]
+        line = (f"interrupted: {kept}{of} point(s) kept in {folder}; resume with: simulate "
+                f"{kind} {spec_file} -o {out} --jobs 2 --resume")
+        assert err.splitlines() == [line]
     else:
         assert rc == -signal.SIGKILL
-    assert 3 <= kept < 12
+    assert kept >= 3 and not (folder / "summary.csv").exists()
     main([*argv, "--resume"])
-    _same_tree(sweep_reference, out / "kill", ("summary.csv", "ab.csv"))
-
-
-def _plan_json(d: Path) -> dict:
-    return {k: v for k, v in json.loads((d / "plan.json").read_text()).items()
-            if k not in ("wall_seconds", "jobs")}
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
-def test_plan_interrupted_then_resumed(plan_file, plan_reference, tmp_path, sig):
-    out = tmp_path / "out"
-    argv = ["plan", str(plan_file), "-o", str(out), "--jobs", "2", "--quiet"]
-    rc, err = _interrupt(argv, out / "points", sig, tmp_path)
-    kept = sum(1 for _ in (out / "points").glob("SERVE-*/run=*.json"))
-    if sig == signal.SIGINT:
-        assert rc == 130
-        assert err.splitlines() == [
-            (f"interrupted: {kept} point(s) kept in {out / 'points'}; resume with: "
-            f"simulate plan {plan_file} -o {out} --jobs 2 --resume")]
-    else:
-        assert rc == -signal.SIGKILL
-    assert kept >= 3 and not (out / "plan.csv").exists()
-    main([*argv, "--resume"])
-    assert (out / "plan.csv").read_bytes() == (plan_reference / "plan.csv").read_bytes()
-    assert _plan_json(out) == _plan_json(plan_reference)
-    _same_tree(plan_reference / "points", out / "points", ("summary.csv",))
+    assert_same_results(kind, request.getfixturevalue(f"{kind}_reference"), out)
