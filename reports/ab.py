@@ -199,15 +199,6 @@ def ab_csv_text(ab_rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def write_ab_csv(ab_rows: list[dict], path: Any) -> None:
-    """Write ``ab.csv`` atomically."""
-    from pathlib import Path
-
-    from servesim.simulator.experiments.store import atomic_write_text
-
-    atomic_write_text(Path(path), ab_csv_text(ab_rows))
-
-
 def _fmt(x: float, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"

@@ -47,7 +47,11 @@ from typing import Any
 from servesim.simulator import config
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.experiments import ExperimentRun, Point, PointStore, content_hash, fmt_rate
-from servesim.simulator.experiments.store import HOST_TIMING_KEYS, LEADING_COLUMNS
+from servesim.simulator.experiments.store import (
+    HOST_TIMING_KEYS,
+    LEADING_COLUMNS,
+    atomic_write_text,
+)
 
 SPEC_KEYS = (
     "base", "experiment_name", "description", "arms", "grid", "seeds", "num_seeds",
@@ -458,8 +462,10 @@ def run_sweep(
     progress: bool = False,
     point_fn: PointFn | None = None,
     max_points: int | None = None,
+    ab_method: str = "t",
 ) -> SweepOutcome:
-    """Run every point not yet done, writing each as it finishes; rebuild summaries and A/B.
+    """Run every point not yet done, writing each as it finishes; rebuild summaries and A/B
+    (``ab_method``: ``t`` or ``bootstrap`` intervals, see ``reports.ab``).
 
     ``max_points`` stops after that many new points (for tests of interruption/resume).
     Ctrl-C raises :class:`~servesim.simulator.experiments.Interrupted` (points kept so far).
@@ -499,10 +505,10 @@ def run_sweep(
     rows = write_summaries(spec, store.root)
     ab_rows: list[dict] = []
     if len(spec.arms) > 1 and rows:
-        from servesim.reports.ab import paired_ab, write_ab_csv
+        from servesim.reports.ab import ab_csv_text, paired_ab
 
-        ab_rows = paired_ab(rows, baseline=spec.baseline)
-        write_ab_csv(ab_rows, store.root / "ab.csv")
+        ab_rows = paired_ab(rows, baseline=spec.baseline, method=ab_method)
+        atomic_write_text(store.root / "ab.csv", ab_csv_text(ab_rows))
     return SweepOutcome(exp_dir=store.root, num_points=len(points), num_skipped=skipped,
                         num_run=len(todo), num_failed=len(failures), failures=failures,
                         rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)

@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run arms x request rates x seeds; write the vllm bench sweep layout and A/B stats."""
         from rich.console import Console
-        from servesim.reports.ab import ab_rich_table, paired_ab, write_ab_csv
+        from servesim.reports.ab import ab_rich_table
         from servesim.simulator.errors import ConfigError
         from servesim.simulator.experiments.executors import check_options
         from servesim.simulator.sweep import load_spec, run_sweep
@@ -88,13 +88,9 @@ def register(app: typer.Typer) -> None:
         argv = _argv("sweep", spec_file, output, jobs, backend, ray_address)
         out = _interruptible(argv, lambda: run_sweep(
             spec, output, jobs=jobs, backend=backend, ray_address=ray_address, resume=resume,
-            progress=not quiet))
-        ab_rows = out.ab_rows
-        if method != "t" and len(spec.arms) > 1 and out.rows:
-            ab_rows = paired_ab(out.rows, baseline=spec.baseline, method=method)
-            write_ab_csv(ab_rows, out.exp_dir / "ab.csv")
-        if ab_rows:
-            console.print(ab_rich_table(ab_rows))
+            progress=not quiet, ab_method=method))
+        if out.ab_rows:
+            console.print(ab_rich_table(out.ab_rows))
             console.print(f"all metrics: {out.exp_dir / 'ab.csv'}", highlight=False)
         console.print(
             f"{out.num_run} point(s) run, {out.num_skipped} skipped (already done), "
@@ -122,7 +118,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from servesim.reports.plan import print_plan
         from servesim.simulator.experiments.executors import check_options
-        from servesim.simulator.plan import load_plan, run_plan
+        from servesim.simulator.plan import load_plan
+        from servesim.simulator.plan.runner import run_plan
 
         n_jobs = check_options(backend, jobs)
         spec, plan_dir = load_plan(plan_file)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from servesim.simulator.plan import load_plan, run_plan
+from servesim.simulator.plan import load_plan
+from servesim.simulator.plan.runner import run_plan
 from servesim.simulator.sweep import load_spec, run_sweep
 
 BASE = {"model": {"name": "llama-3.1-8b", "max_model_len": 4096},

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from same import assert_same_results
-from servesim.simulator.plan import load_plan, run_plan
+from servesim.simulator.plan import load_plan
+from servesim.simulator.plan.runner import run_plan
 from servesim.simulator.sweep import load_spec, run_sweep
 
 ray = pytest.importorskip("ray", reason="ray is not installed")

@@ -17,10 +17,10 @@ from servesim.simulator.plan import (
     load_prices,
     pareto_mask,
     point_metrics,
-    run_plan,
     search_capacity,
     slo_passed,
 )
+from servesim.simulator.plan.runner import run_plan
 
 from .synthetic import BASE, synthetic_eval, synthetic_fit, true_capacity
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from servesim.simulator.plan import PlanSpec, run_plan
+from servesim.simulator.plan import PlanSpec
+from servesim.simulator.plan.runner import run_plan
 
 from .synthetic import synthetic_fit
 

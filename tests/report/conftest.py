@@ -85,7 +85,8 @@ def plan_dir(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from plan.synthetic import synthetic_eval, synthetic_fit
-    from servesim.simulator.plan import PlanSpec, run_plan
+    from servesim.simulator.plan import PlanSpec
+    from servesim.simulator.plan.runner import run_plan
 
     spec = PlanSpec.model_validate({
         "name": "t", "workload": {"kind": "random", "num_prompts": 100},

@@ -79,3 +79,23 @@ def test_sweep_report_from_summary_csv_uses_the_sweeps_baseline(sweep_dir):
     md, _ = write_report(exp)
     first = md.read_text().split("\n\n")[1]
     assert first.startswith("**fcfs vs sarathi")
+
+
+def test_reports_never_load_executors_or_the_simulator(plan_dir, sweep_dir):
+    """reports/ renders results: importing all of it and building a plan and a sweep report
+    loads neither the experiment executors nor anything that runs a simulation."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import servesim.reports as R\n"
+        "for m in pkgutil.iter_modules(R.__path__):\n"
+        "    importlib.import_module('servesim.reports.' + m.name)\n"
+        "from servesim.reports.render import build_report\n"
+        f"build_report({str(plan_dir)!r}); build_report({str(sweep_dir)!r})\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('servesim.simulator.experiments',"
+        " 'servesim.simulator.runner', 'servesim.simulator.engine', 'servesim.simulator.sweep',"
+        " 'servesim.simulator.plan.runner', 'servesim.simulator.plan.point'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
