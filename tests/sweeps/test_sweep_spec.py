@@ -213,3 +213,18 @@ def test_failures_are_recorded_and_retried_on_resume(tmp_path):
     assert len(out.rows) == 6 and out.ab_rows == []  # no pairs for the failed arm
     out2 = run_sweep(spec, tmp_path, point_fn=fake_point, jobs=1, resume=True)
     assert out2.num_run == 6 and out2.num_skipped == 6
+
+
+def test_bootstrap_intervals_written_to_ab_csv(tmp_path):
+    import csv
+
+    from servesim.reports.ab import mean_ci
+
+    spec = parse_spec(spec2(), "sw.yaml")
+    out = run_sweep(spec, tmp_path, point_fn=fake_point, jobs=1, ab_method="bootstrap")
+    rows = list(csv.DictReader((tmp_path / "exp" / "ab.csv").open()))
+    assert rows and {r["method"] for r in rows} == {"bootstrap"}
+    r = next(r for r in out.ab_rows if r["metric"] == "mean_ttft_ms" and r["request_rate"] == 1)
+    by = {(x["arm"], x["seed"]): x["mean_ttft_ms"] for x in out.rows if x["request_rate"] == 1}
+    d = [by[("small", s)] - by[("big", s)] for s in (0, 1, 2)]
+    assert (r["diff"], r["ci_low"], r["ci_high"]) == mean_ci(d, method="bootstrap")
