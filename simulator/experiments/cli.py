@@ -19,9 +19,9 @@ Backend = Annotated[str, typer.Option("--backend", help="local (worker processes
                                       "(a Ray cluster: --ray-address, else RAY_ADDRESS, else "
                                       "a local Ray with --jobs CPUs).")]
 RayAddress = Annotated[str | None, typer.Option("--ray-address", metavar="ADDR",
-                                                help="Ray cluster to run on (host:port, or "
-                                                "ray://host:10001); servesim must be "
-                                                "installed on its nodes.")]
+                                                help="Ray cluster to run on (its head's "
+                                                "host:port); servesim must be installed on "
+                                                "its nodes.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
