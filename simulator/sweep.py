@@ -51,6 +51,7 @@ from servesim.simulator.experiments.store import (
     HOST_TIMING_KEYS,
     LEADING_COLUMNS,
     atomic_write_text,
+    remove_stale_temps,
 )
 
 SPEC_KEYS = (
@@ -485,6 +486,7 @@ def run_sweep(
     if max_points is not None:
         todo = todo[:max_points]
     store.root.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(store.root)
     if backend == "local":  # no more workers than points (one point runs inline)
         jobs = min(jobs, max(1, len(todo)))
     run = ExperimentRun(store, label=f"sweep {spec.experiment_name}", total=len(points),

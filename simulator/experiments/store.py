@@ -6,8 +6,9 @@
     ROOT/summary.csv                                       one row per record (scalar keys)
 
 Every file is written atomically (temp file in the same folder, fsync, ``os.replace``): an
-interruption leaves either the old file or the new one, never half of one. A record carries the
-content hash of its point's definition under ``hash_key``; ``load`` returns it only when that
+interruption leaves either the old file or the new one, never half of one (a SIGKILL between
+the two can leave the hidden temp file: the next run on the folder removes it). A record carries
+the content hash of its point's definition under ``hash_key``; ``load`` returns it only when that
 hash matches, so ``--resume`` reuses exactly the points whose definition did not change.
 Summaries hold no host-dependent keys (``VOLATILE_KEYS``), so a resumed experiment writes the
 same bytes as an uninterrupted one.
@@ -44,6 +45,25 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def remove_stale_temps(folder: Path) -> None:
+    """Delete temp files under ``folder`` left by a writer that was killed between writing and
+    renaming (``.<name>.<pid>.tmp`` whose process no longer runs)."""
+    for f in folder.rglob(".*.tmp"):
+        pid = f.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            f.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def dumps(obj: Any) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from servesim.simulator.errors import ServesimError
 from servesim.simulator.experiments import ExperimentRun, Point, PointStore, fmt_rate
+from servesim.simulator.experiments.store import remove_stale_temps
 from servesim.simulator.plan.cost import load_prices, replicas_for
 from servesim.simulator.plan.point import evaluate_point, point_hash, resolve_tree, sustained_tree
 from servesim.simulator.plan.search import (
@@ -86,6 +87,7 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(outdir)
     evaluate = evaluate or evaluate_point
     log = log or (lambda s: None)
     wall0 = time.perf_counter()

@@ -146,3 +146,20 @@ def test_ctrl_c_becomes_interrupted_with_the_points_kept(tmp_path):
         "simulate sweep s.yaml -o out --resume")
     assert isinstance(e, KeyboardInterrupt)
     assert Path(tmp_path / "SERVE-a-BENCH-1" / "run=0.json").is_file()
+
+
+def test_stale_temp_files_of_killed_writers_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from servesim.simulator.experiments.store import remove_stale_temps
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    d = tmp_path / "SERVE-a-BENCH-1"
+    d.mkdir()
+    stale, live = d / f".run=0.json.{dead}.tmp", d / f".run=1.json.{os.getpid()}.tmp"
+    stale.write_text("{half")
+    live.write_text("{being written")
+    remove_stale_temps(tmp_path)
+    assert not stale.exists() and live.exists()
