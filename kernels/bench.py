@@ -14,7 +14,8 @@ import statistics
 import time
 
 import torch
-from servesim.kernels.calibrate import FLUSH_BYTES, BenchSettings, DecodeShape, PrefillShape
+from servesim.kernels.calibration_estimate import BENCH_TUNE, FLUSH_BYTES, BenchSettings
+from servesim.kernels.calibration_plan import DecodeShape, PrefillShape
 
 DEVICE = "cuda"  # tests set "cpu" to run the harness under the Triton interpreter
 _flush_buf: torch.Tensor | None = None
@@ -81,8 +82,6 @@ def bench(fn, s: BenchSettings, flush: bool = True) -> float:
 
 def tune_bench(fn, quantiles=None):
     """``do_bench`` replacement for ``triton.autotune``: milliseconds, short and bounded."""
-    from servesim.kernels.calibrate import BENCH_TUNE
-
     ts = sorted(x * 1e3 for x in bench_times(fn, BENCH_TUNE))
     if quantiles is None:
         return statistics.median(ts)
