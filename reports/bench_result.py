@@ -51,7 +51,12 @@ from importlib import metadata
 from typing import Any
 
 import numpy as np
-from servesim.simulator.metrics import RunResult
+from servesim.simulator.metrics import (
+    EXACT_SAMPLES,
+    SKETCH_RELATIVE_ACCURACY,
+    Distribution,
+    RunResult,
+)
 
 MILLISECONDS_PER_SECOND = 1000.0
 COMPLETED_REASONS = ("stop", "length")
@@ -184,34 +189,62 @@ def _col(requests: dict, name: str, n: int, default: float = np.nan) -> np.ndarr
 
 
 def _max_concurrent(start: np.ndarray, end: np.ndarray) -> int:
-    """Peak number of overlapping ``[start, end)`` intervals (sweep line; ends before starts)."""
+    """Peak number of overlapping ``[start, end)`` intervals: the count just after each start
+    (#starts <= s minus #ends <= s; an end and a start at the same instant do not overlap).
+    Two sorts, no lexsort: 16 bytes per interval."""
     if len(start) == 0:
         return 0
-    times = np.concatenate([end, start])
-    deltas = np.concatenate([-np.ones(len(end), np.int64), np.ones(len(start), np.int64)])
-    order = np.lexsort((deltas, times))  # by time, then -1 before +1
-    return int(np.max(np.cumsum(deltas[order])))
+    s = np.sort(start)
+    e = np.sort(end)
+    best = 0
+    for lo in range(0, len(s), 1 << 20):
+        blk = s[lo:lo + (1 << 20)]
+        started = np.searchsorted(s, blk, side="right")
+        ended = np.searchsorted(e, blk, side="right")
+        best = max(best, int(np.max(started - ended)))
+    return best
 
 
-def _max_output_tokens_per_s(result: RunResult, done: np.ndarray, t0: float) -> float:
-    """Peak 1-s bucket of generated tokens (see module docstring for the approximation)."""
+def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: float) -> float:
+    """Peak 1-s bucket of generated tokens (see module docstring for the approximation).
+
+    ``first``: first-token times of the completed requests; None for a streamed run (then
+    read window by window, keeping only per-bucket counts)."""
     steps = result.steps or {}
     times = np.asarray(steps.get("time_s", []), dtype=float)
     if "vllm:generation_tokens_total" in steps:
         cum = np.asarray(steps["vllm:generation_tokens_total"], dtype=float)
         tokens = np.diff(cum, prepend=0.0)
+        first, firsts = np.zeros(0), iter(())
     else:
         tokens = np.asarray(steps.get("num_decode_reqs", np.zeros(len(times))), dtype=float)
-        first = np.asarray(result.requests.get("first_token_s", []), dtype=float)
-        first = first[done] if len(first) == len(done) else first[:0]
+        if first is not None:
+            firsts = iter([first])
+        else:
+            firsts = (np.asarray(w["first_token_s"], dtype=float)[
+                np.isin(np.asarray(w["finished_reason"]).astype(str), COMPLETED_REASONS)]
+                for w in result.iter_requests())
+    counts = np.zeros(0)
+
+    def add(t: np.ndarray, k: np.ndarray) -> None:
+        nonlocal counts
+        ok = np.isfinite(t) & np.isfinite(k) & (t >= t0)
+        if ok.any():
+            b = np.bincount(np.floor(t[ok] - t0).astype(np.int64), weights=k[ok])
+            if len(b) > len(counts):
+                b[:len(counts)] += counts
+                counts = b
+            else:
+                counts[:len(b)] += b
+
+    if first is not None:  # in memory: one bincount over steps + first tokens, as always
         first = first[np.isfinite(first)]
-        times = np.concatenate([times, first])
-        tokens = np.concatenate([tokens, np.ones(len(first))])
-    ok = np.isfinite(times) & np.isfinite(tokens) & (times >= t0)
-    if not ok.any():
-        return 0.0
-    buckets = np.floor(times[ok] - t0).astype(np.int64)
-    return float(np.max(np.bincount(buckets, weights=tokens[ok])))
+        add(np.concatenate([times, first]), np.concatenate([tokens, np.ones(len(first))]))
+    else:
+        add(times, tokens)
+        for f in firsts:
+            add(f, np.ones(len(f)))
+    return float(np.max(counts)) if len(counts) else 0.0
 
 
 def _errors(req: dict, reasons: np.ndarray, done: np.ndarray) -> list[str]:
@@ -245,65 +278,80 @@ def parse_list(text: str | None) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+class PerRequest:
+    """A per-request JSON list of a streamed run (``latencies``, ``queue_times``, the
+    ``save_detailed`` arrays), produced window by window when ``result.json`` is written;
+    ``list(x)`` materialises it."""
+
+    def __init__(self, result: RunResult, fn):
+        self.result, self.fn = result, fn
+
+    def windows(self):
+        for req in self.result.iter_requests():
+            yield self.fn(_Window(req))
+
+    def __iter__(self):
+        for part in self.windows():
+            yield from part
+
+    def __len__(self) -> int:
+        return self.result.num_requests
+
+
+class _Window:
+    """Per-request arrays of one window of ``RunResult.requests`` (see compute_bench_result)."""
+
+    def __init__(self, req: dict):
+        self.req = req
+        self.reasons = np.asarray(req["finished_reason"]).astype(str)
+        n = self.n = len(self.reasons)
+        self.done = np.isin(self.reasons, COMPLETED_REASONS)
+        self.prompt_len = _col(req, "prompt_len", n, 0).astype(np.int64)
+        self.output_len = _col(req, "output_len", n, 0).astype(np.int64)
+        arrival = _col(req, "arrival_s", n).astype(float)
+        self.send = _col(req, "send_s", n).astype(float) if "send_s" in req else arrival.copy()
+        self.finish = _col(req, "finish_s", n).astype(float)
+        # ttft_s / e2el_s are measured from send_s (RunResult contract); fill gaps from
+        # timestamps
+        ttft_all = _col(req, "ttft_s", n).astype(float)
+        e2el_all = _col(req, "e2el_s", n).astype(float)
+        with np.errstate(invalid="ignore"):
+            self.ttft_all = np.where(np.isnan(ttft_all), _col(req, "first_token_s", n)
+                                     - self.send, ttft_all)
+            self.e2el_all = np.where(np.isnan(e2el_all), self.finish - self.send, e2el_all)
+        self.client_queue = np.where(np.isfinite(self.send - arrival), self.send - arrival, 0.0)
+
+
+# per-request JSON lists: key → window → list (vLLM's save_detailed arrays, then the two
+# arrays vLLM always writes)
+_DETAILED = {
+    "input_lens": lambda w: w.prompt_len.tolist(),
+    "output_lens": lambda w: np.where(w.done, w.output_len, 0).tolist(),
+    "ttfts": lambda w: _floats(np.where(w.done, w.ttft_all, 0.0)),
+    "start_times": lambda w: _floats(w.send, None),
+    "generated_texts": lambda w: [""] * w.n,
+    "errors": lambda w: _errors(w.req, w.reasons, w.done),
+}
+_ALWAYS = {
+    "latencies": lambda w: _floats(np.where(w.done, w.e2el_all, 0.0)),
+    "queue_times": lambda w: _floats(w.client_queue),
+}
+
+
 def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     """The ``vllm bench serve --save-result`` dict of a run, plus servesim's extras.
 
     ``date``: "%Y%m%d-%H%M%S" (default: UTC now). Latencies in ms, per-request arrays in s,
     throughputs per second of ``result.duration_s``; JSON-safe (no NaN/inf; undefined → None).
+
+    One pass over ``result.iter_requests()``: in memory (runs of up to
+    ``metrics.EXACT_REQUESTS`` requests) that is one window and every value is what numpy
+    gives on the whole arrays. For a streamed run the per-request lists are
+    :class:`PerRequest` objects (written window by window by ``dumps_result``), and a metric
+    with more than ``metrics.EXACT_SAMPLES`` samples has DDSketch median/percentiles (exact
+    count/mean/std), listed under ``approximate_percentiles``.
     """
     cfg = result.config
-    req = result.requests
-    reasons = np.asarray(req["finished_reason"]).astype(str)
-    n = len(reasons)
-    done = np.isin(reasons, COMPLETED_REASONS)
-
-    prompt_len = _col(req, "prompt_len", n, 0).astype(np.int64)
-    output_len = _col(req, "output_len", n, 0).astype(np.int64)
-    arrival = _col(req, "arrival_s", n).astype(float)
-    send = _col(req, "send_s", n).astype(float) if "send_s" in req else arrival.copy()
-    finish = _col(req, "finish_s", n).astype(float)
-    # ttft_s / e2el_s are measured from send_s (RunResult contract); fill gaps from timestamps
-    ttft_all = _col(req, "ttft_s", n).astype(float)
-    e2el_all = _col(req, "e2el_s", n).astype(float)
-    with np.errstate(invalid="ignore"):
-        ttft_all = np.where(np.isnan(ttft_all), _col(req, "first_token_s", n) - send, ttft_all)
-        e2el_all = np.where(np.isnan(e2el_all), finish - send, e2el_all)
-
-    ttfts = ttft_all[done]
-    e2els = e2el_all[done]
-    out_done = output_len[done]
-    multi = out_done > 1
-    tpots = (e2els[multi] - ttfts[multi]) / (out_done[multi] - 1)
-    all_tpots = np.zeros(len(out_done))
-    all_tpots[multi] = tpots
-    client_queue = np.where(np.isfinite(send - arrival), send - arrival, 0.0)
-
-    completed = int(done.sum())
-    failed = n - completed
-    total_input = int(prompt_len[done].sum())
-    total_output = int(out_done.sum())
-    duration = float(result.duration_s)
-
-    def per_s(x: float) -> float | None:
-        return x / duration if duration > 0 else None
-
-    slo = getattr(cfg, "slo", None)
-    slos = [
-        (vals, ms / MILLISECONDS_PER_SECOND)
-        for vals, ms in (
-            (ttfts, getattr(slo, "ttft_ms", None)),
-            (all_tpots, getattr(slo, "tpot_ms", None)),
-            (e2els, getattr(slo, "e2el_ms", None)),
-        )
-        if ms is not None
-    ]
-    goodput = None
-    if slos:
-        good = np.ones(completed, dtype=bool)
-        for vals, limit in slos:
-            good &= limit >= vals
-        goodput = per_s(float(good.sum()))
-
     out_cfg = getattr(cfg, "output", None)
     selected = parse_list(getattr(out_cfg, "percentile_metrics", "ttft,tpot,itl,e2el"))
     percentiles = [float(p) for p in parse_list(getattr(out_cfg, "metric_percentiles", "99"))]
@@ -311,6 +359,60 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     max_concurrency = _traffic(result, "max_concurrency")
     if max_concurrency is not None:
         selected += [m for m in _CLIENT_QUEUE_METRICS if m not in selected]
+    slo = getattr(cfg, "slo", None)
+    slo_s = [(name, ms / MILLISECONDS_PER_SECOND) for name, ms in (
+        ("ttft", getattr(slo, "ttft_ms", None)), ("tpot", getattr(slo, "tpot_ms", None)),
+        ("e2el", getattr(slo, "e2el_ms", None))) if ms is not None]
+    streamed = result.streamed
+
+    series = {m: Distribution() for m, _, _ in METRIC_INFO if m != "itl"}
+    n = completed = total_input = total_output = good = 0
+    t0 = math.inf
+    lists: dict[str, list] = {k: [] for k in (*_DETAILED, *_ALWAYS)}
+    sends, finishes, firsts = [], [], []
+    for req in result.iter_requests():
+        w = _Window(req)
+        done = w.done
+        n += w.n
+        completed += int(done.sum())
+        ttfts = w.ttft_all[done]
+        e2els = w.e2el_all[done]
+        out_done = w.output_len[done]
+        multi = out_done > 1
+        tpots = (e2els[multi] - ttfts[multi]) / (out_done[multi] - 1)
+        all_tpots = np.zeros(len(out_done))
+        all_tpots[multi] = tpots
+        total_input += int(w.prompt_len[done].sum())
+        total_output += int(out_done.sum())
+        if slo_s:
+            ok = np.ones(len(out_done), dtype=bool)
+            for name, limit in slo_s:
+                ok &= limit >= {"ttft": ttfts, "tpot": all_tpots, "e2el": e2els}[name]
+            good += int(ok.sum())
+        cq = w.client_queue[done]
+        for m, v in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els),
+                     ("client_queue_time", cq), ("e2el_including_client_queue", e2els + cq)):
+            series[m].add(v)
+        if done.any():
+            t0 = min(t0, float(np.min(w.send[done])))
+        sends.append(w.send[done])
+        finishes.append(w.finish[done])
+        if not streamed:
+            firsts.append(_col(req, "first_token_s", w.n).astype(float)[done])
+            for k, fn in (*_DETAILED.items(), *_ALWAYS.items()):
+                if k in _ALWAYS or save_detailed:
+                    lists[k] += fn(w)
+    if not streamed:
+        per_request: dict[str, Any] = lists
+    else:
+        per_request = {k: PerRequest(result, fn) for k, fn in (*_DETAILED.items(),
+                                                               *_ALWAYS.items())}
+    failed = n - completed
+    duration = float(result.duration_s)
+    t0 = t0 if completed else 0.0
+
+    def per_s(x: float) -> float | None:
+        return x / duration if duration > 0 else None
 
     # --- vLLM's keys, in vLLM's order
     rate = _traffic(result, "request_rate", math.inf)
@@ -341,43 +443,48 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         total_input_tokens=total_input,
         total_output_tokens=total_output,
         request_throughput=per_s(completed),
-        request_goodput=goodput,
+        request_goodput=per_s(float(good)) if slo_s else None,
         output_throughput=per_s(total_output),
         total_token_throughput=per_s(total_input + total_output),
     )
     if save_detailed:
-        errors = _errors(req, reasons, done)
         itls = getattr(result, "request_itls", None)
         bench.update(
-            input_lens=prompt_len.tolist(),
-            output_lens=np.where(done, output_len, 0).tolist(),
-            ttfts=_floats(np.where(done, ttft_all, 0.0)),
-            itls=[_floats(x) for x in itls] if itls is not None else [None] * n,
-            start_times=_floats(send, None),
-            generated_texts=[""] * n,
-            errors=errors,
+            input_lens=per_request["input_lens"],
+            output_lens=per_request["output_lens"],
+            ttfts=per_request["ttfts"],
+            itls=([_floats(x) for x in itls] if itls is not None else
+                  PerRequest(result, lambda w: [None] * w.n) if streamed else [None] * n),
+            start_times=per_request["start_times"],
+            generated_texts=per_request["generated_texts"],
+            errors=per_request["errors"],
         )
-    bench["latencies"] = _floats(np.where(done, e2el_all, 0.0))
-    bench["queue_times"] = _floats(client_queue)
-    t0 = float(np.min(send[done])) if completed else 0.0
-    bench["max_output_tokens_per_s"] = _max_output_tokens_per_s(result, done, t0)
-    bench["max_concurrent_requests"] = _max_concurrent(send[done], finish[done])
+    bench["latencies"] = per_request["latencies"]
+    bench["queue_times"] = per_request["queue_times"]
+    if not streamed:
+        first = np.concatenate(firsts)
+    else:  # a second pass, now that t0 is known: only the bucket counts are kept
+        first = None
+    bench["max_output_tokens_per_s"] = _max_output_tokens_per_s(result, first, t0)
+    bench["max_concurrent_requests"] = _max_concurrent(np.concatenate(sends),
+                                                       np.concatenate(finishes))
     bench["rtfx"] = 0.0
 
-    series = {
-        "ttft": ttfts,
-        "tpot": tpots,
-        "e2el": e2els,
-        "client_queue_time": client_queue[done],
-        "e2el_including_client_queue": e2els + client_queue[done],
-    }
+    approximate = []
     for metric, _, _ in METRIC_INFO:
         if metric not in selected:
             continue
         if metric == "itl":
-            st = _itl_stats(result.itl_values, result.itl_counts, percentiles)
+            if result.itl_stream is not None:
+                st = _sketch_stats(result.itl_stream, percentiles)
+                approximate.append(metric)
+            else:
+                st = _itl_stats(result.itl_values, result.itl_counts, percentiles)
+        elif series[metric].exact:
+            st = _stats(series[metric].values(), percentiles)
         else:
-            st = _stats(series[metric], percentiles)
+            st = _sketch_stats(series[metric], percentiles)
+            approximate.append(metric)
         for stat, value in st.items():
             bench[f"{stat}_{metric}_ms"] = _num(value)
 
@@ -415,10 +522,24 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         num_steps=counter("num_steps"),
-        wall_seconds=wall,
-        sim_speed=_num(duration / wall) if wall else None,
     )
+    if approximate:
+        bench["approximate_percentiles"] = {
+            "metrics": approximate, "method": "ddsketch",
+            "relative_accuracy": SKETCH_RELATIVE_ACCURACY,
+            "exact_up_to_samples": EXACT_SAMPLES}
+    bench.update(wall_seconds=wall, sim_speed=_num(duration / wall) if wall else None)
     return bench
+
+
+def _sketch_stats(dist: Distribution, percentiles: list[float]) -> dict[str, float]:
+    """mean/median/std/percentiles in ms from a sketched Distribution (0 when empty)."""
+    out = {"mean": dist.mean * MILLISECONDS_PER_SECOND,
+           "median": dist.quantile(0.5) * MILLISECONDS_PER_SECOND,
+           "std": dist.std() * MILLISECONDS_PER_SECOND}
+    for p in percentiles:
+        out[f"p{percentile_word(p)}"] = dist.quantile(p / 100.0) * MILLISECONDS_PER_SECOND
+    return out
 
 
 def metrics_in(bench: dict) -> list[tuple[str, str, str, list[str]]]:

@@ -1,8 +1,9 @@
 """The run directory: ``result.json``, ``run_info.json``, ``requests.csv``, ``timeseries.csv``,
 ``config.resolved.yaml``.
 
-Every file is written atomically (temp file in the same folder + ``os.replace``) and
-deterministically: the same :class:`RunResult` gives byte-identical files, except ``date`` in
+A run folder appears complete or not at all (:class:`OutputDir`: staging folder + rename);
+other files are written atomically (temp file in the same folder + ``os.replace``). Both are
+deterministic: the same :class:`RunResult` gives byte-identical files, except ``date`` in
 ``result.json`` and the whole of ``run_info.json`` (host timings: ``wall_seconds``,
 ``sim_speed``, and ``date``).
 
@@ -21,13 +22,15 @@ import io
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servesim.reports.bench_result import VOLATILE_KEYS, compute_bench_result
+from servesim.reports.bench_result import VOLATILE_KEYS, PerRequest, compute_bench_result
+from servesim.simulator.errors import ServesimError
 from servesim.simulator.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RunResult
 
 RESULT_FILE = "result.json"
@@ -54,11 +57,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def dumps_result(bench: dict) -> str:
     """JSON text of a bench dict: one top-level key per line, in dict order; no NaN allowed."""
-    lines = [
-        f"  {json.dumps(k)}: {json.dumps(v, allow_nan=False, separators=(', ', ': '))}"
-        for k, v in bench.items()
-    ]
-    return "{\n" + ",\n".join(lines) + "\n}\n"
+    buf = io.StringIO()
+    write_result(buf, bench)
+    return buf.getvalue()
 
 
 def _cells(values: Any) -> list[str]:
@@ -99,29 +100,164 @@ def columns_csv(columns: dict[str, Any], order: Sequence[str], what: str) -> str
     return buf.getvalue()
 
 
-def write_run(result: RunResult, outdir: str | Path, *, date: str | None = None) -> dict:
+def write_csv(f, windows: Iterable[dict[str, Any]], order: Sequence[str], what: str) -> int:
+    """Write column windows as CSV rows to the text stream ``f`` (header from the first
+    window: ``order`` first, then its other columns); returns the number of rows. Same bytes
+    as :func:`columns_csv` of the concatenated columns."""
+    names: list[str] | None = None
+    w = csv.writer(f, lineterminator="\n")
+    n = 0
+    for columns in windows:
+        if names is None:
+            missing = [c for c in order if c not in columns]
+            if missing:
+                raise ValueError(f"RunResult.{what} lacks column(s) {', '.join(missing)}")
+            names = list(order) + [c for c in columns if c not in order]
+            w.writerow(names)
+        cols = [_cells(columns[c]) for c in names]
+        lengths = {len(c) for c in cols}
+        if len(lengths) > 1:
+            raise ValueError(f"RunResult.{what}: columns have different lengths {sorted(lengths)}")
+        w.writerows(zip(*cols) if cols else ())
+        n += len(cols[0]) if cols else 0
+    if names is None:
+        w.writerow(order)
+    return n
+
+
+def write_result(f, bench: dict) -> None:
+    """Write :func:`dumps_result`'s text to ``f``; per-request lists of a streamed run
+    (``bench_result.PerRequest``) are written window by window."""
+    f.write("{\n")
+    first = True
+    for k, v in bench.items():
+        f.write(("" if first else ",\n") + f"  {json.dumps(k)}: ")
+        first = False
+        if isinstance(v, PerRequest):
+            f.write("[")
+            sep = ""
+            for part in v.windows():
+                if part:
+                    f.write(sep + json.dumps(part, allow_nan=False, separators=_SEP)[1:-1])
+                    sep = ", "
+            f.write("]")
+        else:
+            f.write(json.dumps(v, allow_nan=False, separators=_SEP))
+    f.write("\n}\n")
+
+
+_SEP = (", ", ": ")
+
+
+class OutputDir:
+    """An output folder that appears complete or not at all.
+
+    Created before any work (so an unwritable ``-o`` fails before simulating): files are
+    written to a hidden staging folder beside ``path``; :meth:`commit` swaps it in (the old
+    folder, with ``overwrite``, is moved aside and removed only after the swap), and
+    :meth:`discard` (also on an exception inside ``with``) removes it, leaving ``path`` as it
+    was. A non-empty existing folder is refused unless ``overwrite``."""
+
+    def __init__(self, path: str | Path, *, overwrite: bool = False, what: str = "output"):
+        self.path = Path(path)
+        self.staging: Path | None = None
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ServesimError(f"{p}: exists and is not a folder; choose another {what} folder")
+        if p.is_dir() and not overwrite and any(p.iterdir()):
+            raise ServesimError(f"{p}: {what} folder is not empty; pass --overwrite to "
+                                "replace it, or choose another folder")
+        parent = p.absolute().parent
+        for q in (parent, *parent.parents):
+            if q.exists():
+                if not q.is_dir():
+                    raise ServesimError(f"{p}: {q} is a file, not a folder")
+                break
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.partial-"))
+        except OSError as e:
+            raise ServesimError(f"{p}: cannot write the {what} folder here: "
+                                f"{e.strerror or e}") from None
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(self.staging, 0o777 & ~mask)  # mkdtemp makes it 0700
+
+    def file(self, name: str) -> Path:
+        """Where to write ``name`` (inside the staging folder)."""
+        return self.staging / name
+
+    def commit(self) -> Path:
+        p = self.path
+        old = None
+        if p.is_dir():
+            old = Path(tempfile.mkdtemp(dir=self.staging.parent, prefix=f".{p.name}.old-"))
+            os.replace(p, old / p.name)
+        os.replace(self.staging, p)
+        self.staging = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return p
+
+    def discard(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+
+    def __enter__(self) -> OutputDir:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+
+def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | None = None,
+              overwrite: bool = False) -> dict:
     """Write a run directory; returns the full bench dict (``compute_bench_result``).
 
     Files: ``result.json`` (vLLM bench keys + deterministic extras), ``run_info.json`` (``date``,
     ``wall_seconds``, ``sim_speed``, ``servesim_version``, ``config_hash``), ``requests.csv``
     (``REQUEST_COLUMNS`` then extra columns such as ``send_s``), ``timeseries.csv``
     (``STEP_COLUMNS`` then extras), ``config.resolved.yaml``.
+
+    ``outdir``: a path (refused when it is a non-empty folder, unless ``overwrite``) or an
+    :class:`OutputDir` prepared before simulating. The folder appears complete or not at all.
+    Per-request rows are written window by window (bounded memory for streamed runs).
     """
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    bench = compute_bench_result(result, date=date)
-    stable = {k: v for k, v in bench.items() if k not in VOLATILE_KEYS}
-    info = {
-        "date": bench["date"],
-        **{k: bench.get(k) for k in VOLATILE_KEYS},
-        "servesim_version": bench.get("servesim_version"),
-        "config_hash": bench.get("config_hash"),
-    }
-    requests_csv = columns_csv(result.requests, REQUEST_COLUMNS, "requests")
-    atomic_write_text(out / REQUESTS_FILE, requests_csv)
-    steps = result.steps or {c: np.empty(0) for c in STEP_COLUMNS}
-    atomic_write_text(out / TIMESERIES_FILE, columns_csv(steps, STEP_COLUMNS, "steps"))
-    atomic_write_text(out / CONFIG_FILE, result.config.to_yaml())
-    atomic_write_text(out / RUN_INFO_FILE, json.dumps(info, indent=2, allow_nan=False) + "\n")
-    atomic_write_text(out / RESULT_FILE, dumps_result(stable))  # last: marks a complete run
+    from servesim.simulator.progress import phase
+
+    out = outdir if isinstance(outdir, OutputDir) else OutputDir(outdir, overwrite=overwrite,
+                                                                 what="run")
+    with out:
+        with phase("computing metrics"):
+            bench = compute_bench_result(result, date=date)
+        stable = {k: v for k, v in bench.items() if k not in VOLATILE_KEYS}
+        info = {
+            "date": bench["date"],
+            **{k: bench.get(k) for k in VOLATILE_KEYS},
+            "servesim_version": bench.get("servesim_version"),
+            "config_hash": bench.get("config_hash"),
+        }
+        with phase("writing requests.csv", result.num_requests) as tick, \
+                open(out.file(REQUESTS_FILE), "w", encoding="utf-8", newline="") as f:
+            done = 0
+
+            def windows():
+                nonlocal done
+                for w in result.iter_requests():
+                    yield w
+                    done += len(w["finished_reason"])
+                    tick(done)
+
+            write_csv(f, windows(), REQUEST_COLUMNS, "requests")
+        steps = result.steps or {c: np.empty(0) for c in STEP_COLUMNS}
+        atomic_write_text(out.file(TIMESERIES_FILE), columns_csv(steps, STEP_COLUMNS, "steps"))
+        atomic_write_text(out.file(CONFIG_FILE), result.config.to_yaml())
+        atomic_write_text(out.file(RUN_INFO_FILE),
+                          json.dumps(info, indent=2, allow_nan=False) + "\n")
+        with phase("writing result.json"), \
+                open(out.file(RESULT_FILE), "w", encoding="utf-8", newline="") as f:
+            write_result(f, stable)
+        out.commit()
     return bench

@@ -10,6 +10,7 @@ and exits with code 2; ``--debug`` (anywhere on the line) shows the traceback in
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from importlib import metadata
@@ -64,37 +65,69 @@ _register_all()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the app, turning user errors into one line + exit 2."""
-    from servesim.simulator.errors import ServesimError
+    """Console entry point. Exit codes: 0 success; 2 a user error (bad input, usage), printed
+    as one line on stderr; 130 interrupted (one line saying what was kept); 1 an internal
+    error (one line; ``--debug`` shows the traceback)."""
+    sys.exit(run_cli(argv))
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run the app in-process and return the exit code (what ``main`` exits with)."""
+    import os
+
+    from servesim.simulator import progress
+    from servesim.simulator.errors import Interrupted, ServesimError, install_cli_warnings
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
-    # Warnings (e.g. "no calibration file for this GPU") are one line each; --quiet drops them.
-    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
-    if "--quiet" in args or "-q" in args:
-        warnings.simplefilter("ignore")
+    quiet = "--quiet" in args or "-q" in args
+    saved = warnings.showwarning, warnings.filters[:], os.environ.get("SERVESIM_WARNINGS")
+    warned = install_cli_warnings(quiet)
+    old_reporter = progress.set_reporter(None if quiet else progress.BarReporter())
     try:
-        app(args=args, prog_name="simulate", standalone_mode=False)
+        rc = app(args=args, prog_name="simulate", standalone_mode=False)
+    except Interrupted as e:
+        typer.echo(f"interrupted: {e}", err=True)
+        return e.exit_code
     except ServesimError as e:
         if debug:
             raise
         typer.echo(f"error: {e}", err=True)
-        sys.exit(e.exit_code)
+        return e.exit_code
     except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
+        return e.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("interrupted: nothing was written", err=True)
+        return 130
     except Exception as e:  # usage errors (typer's vendored click) and the like
-        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            sys.exit(e.exit_code)
+        if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
+            ctx = getattr(e, "ctx", None)
+            where = ctx.command_path if ctx is not None else "simulate"
+            hint = f" (see {where} --help)" if ctx is not None else ""
+            typer.echo(f"error: {where}: {_one_line(e.format_message())}{hint}", err=True)
+            return e.exit_code
         if debug:
             raise
-        typer.echo(f"internal error: {type(e).__name__}: {e} (re-run with --debug for details)",
-                   err=True)
-        sys.exit(1)
+        typer.echo(f"internal error: {type(e).__name__}: {_one_line(e)} (re-run with --debug "
+                   "for details)", err=True)
+        return 1
+    finally:
+        progress.set_reporter(old_reporter)
+        warnings.showwarning, warnings.filters[:] = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop("SERVESIM_WARNINGS", None)
+        else:
+            os.environ["SERVESIM_WARNINGS"] = saved[2]
+        if warned:
+            with contextlib.suppress(OSError):
+                os.unlink(warned)
+    if rc == 130:  # typer turns Ctrl-C into a returned 130
+        typer.echo("interrupted: nothing was written", err=True)
+    return rc if isinstance(rc, int) else 0
+
+
+def _one_line(e: object) -> str:
+    from servesim.simulator.errors import one_line
+
+    return one_line(e, 500)

@@ -20,14 +20,26 @@ from servesim.workloads.schema import RequestSpec
 
 
 class Recorder:
-    """Columnar per-request and per-step records (arrays of doubles; bounded memory)."""
+    """Columnar per-request and per-step records (array appends only on the hot path).
+
+    Every ``chunk_rows`` ended requests (and every ``chunk_rows`` steps) the buffers are
+    handed on and cleared in place: request rows to ``log`` (a
+    :class:`~servesim.simulator.metrics.RequestLog`, which spills to disk for large runs),
+    ITL samples to ``itl`` and step rows to ``steps`` (a ``StepSampler``), so memory stays
+    bounded however long the run."""
 
     REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
            "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
 
-    def __init__(self):
+    def __init__(self, log=None, itl=None, steps=None, chunk_rows: int | None = None):
+        from servesim.simulator.metrics import CHUNK_ROWS, Distribution, RequestLog
+
+        self.log = log if log is not None else RequestLog()
+        self.itl = itl if itl is not None else Distribution()
+        self.steps = steps  # a StepSampler, or None to keep step rows in ``step``
+        self.chunk_rows = chunk_rows or CHUNK_ROWS
         self.req = {k: array("d") for k in self.REQ}
         self.request_id: list[str] = []
         self.reason: list[str] = []
@@ -51,6 +63,46 @@ class Recorder:
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
+        if len(self.request_id) >= self.chunk_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffered rows and samples on; clear the buffers in place (the replicas'
+        step closures and the scheduler hold references to them)."""
+        import numpy as np
+
+        if self.request_id:
+            chunk = {k: np.frombuffer(v, dtype=float).copy() for k, v in self.req.items()}
+            chunk["request_id"] = np.asarray(self.request_id, dtype=object)
+            chunk["finished_reason"] = np.asarray(self.reason, dtype=object)
+            chunk["error"] = np.asarray(self.error, dtype=object)
+            self.log.append(chunk)
+            for v in self.req.values():
+                del v[:]
+            del self.request_id[:], self.reason[:], self.error[:]
+        self.flush_itl()
+        if self.steps is not None:
+            self.flush_steps()
+
+    def flush_itl(self) -> None:
+        import numpy as np
+
+        if self.itl_explicit:
+            self.itl.add(np.asarray(self.itl_explicit, dtype=float))
+            del self.itl_explicit[:]
+        if self.itl_weighted:
+            pairs = np.asarray(self.itl_weighted, dtype=float).reshape(-1, 2)
+            self.itl.add(pairs[:, 0], pairs[:, 1], group=1)
+            del self.itl_weighted[:]
+
+    def flush_steps(self) -> None:
+        import numpy as np
+
+        if len(self.step["time_s"]):
+            self.steps.add({k: np.frombuffer(v, dtype=float).copy()
+                            for k, v in self.step.items()})
+            for v in self.step.values():
+                del v[:]
 
 
 class Replica:
@@ -99,8 +151,11 @@ class Replica:
         c_pre, c_q, c_h = cols["preemptions"], cols["prefix_queries"], cols["prefix_hits"]
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
+        rec, limit = self.rec, self.rec.chunk_rows
 
         def record(out, now: float, dt: float) -> None:
+            if len(c_time) >= limit and rec.steps is not None:
+                rec.flush()
             shape = out.shape
             self.num_steps += 1
             c_time.append(now)

@@ -2,11 +2,25 @@
 
 Units: seconds and tokens. ``reports/`` turns a :class:`RunResult` into ``result.json``
 (vLLM bench schema, milliseconds there), ``requests.csv`` and ``timeseries.csv``.
+
+Bounded memory at any scale: the engine's :class:`~servesim.simulator.engine.Recorder` hands
+per-request rows to a :class:`RequestLog` in chunks of :data:`CHUNK_ROWS` as requests end; up
+to :data:`EXACT_REQUESTS` rows stay in memory (``RunResult.requests`` is then a plain dict and
+every metric is exact), beyond that the chunks are spilled to ``.npy`` files and consumers
+stream them (``RunResult.iter_requests``); latency percentiles then come from a
+:class:`Distribution` (exact count/mean/std, DDSketch percentiles, relative accuracy
+:data:`SKETCH_RELATIVE_ACCURACY`), flagged in ``result.json``.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,39 +58,354 @@ STEP_COLUMNS = (
     "num_prefill_tokens",
 )
 
+# Raw per-request fields the engine records (floats), then the three string fields.
+RAW_FIELDS = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
+              "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+RAW_STRINGS = ("request_id", "finished_reason", "error")
+COMPLETED_REASONS = ("stop", "length")
+
+CHUNK_ROWS = 65_536  # rows per RequestLog chunk (≈ 5 MB of doubles)
+EXACT_REQUESTS = 1_000_000  # above this many requests: spill to disk, sketch percentiles
+EXACT_SAMPLES = 2_000_000  # a Distribution keeps this many raw samples, then sketches
+SKETCH_RELATIVE_ACCURACY = 0.001  # DDSketch alpha: |estimate - x_rank| <= alpha * x_rank
+
+
+def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raw engine fields of some requests → the ``RunResult.requests`` columns.
+
+    TTFT = first token − send, E2EL = finish − send (NaN unless finished stop/length),
+    TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1, queue = first scheduled − send.
+    Row-wise, so any window of rows gives the same values as the whole run."""
+    send = raw["send_s"]
+    reason = raw["finished_reason"]
+    out = raw["output_len"]
+    ok = np.isin(reason, COMPLETED_REASONS)
+    ttft = np.where(ok, raw["first_token_s"] - send, np.nan)
+    e2el = np.where(ok, raw["finish_s"] - send, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(ok & (out > 1), (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    return {
+        "request_id": raw["request_id"],
+        "arrival_s": raw["arrival_s"],
+        "prompt_len": raw["prompt_len"].astype(np.int64),
+        "output_len": out.astype(np.int64),
+        "num_cached_tokens": raw["num_cached_tokens"].astype(np.int64),
+        "first_scheduled_s": raw["first_scheduled_s"],
+        "first_token_s": raw["first_token_s"],
+        "finish_s": np.where(ok, raw["finish_s"], np.nan),
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2el_s": e2el,
+        "queue_s": raw["first_scheduled_s"] - send,
+        "num_preemptions": raw["num_preemptions"].astype(np.int64),
+        "finished_reason": reason,
+        "send_s": send,
+        "error": raw["error"],
+    }
+
+
+class RequestLog:
+    """Per-request raw rows in chunks, in memory up to ``spill_rows`` rows, then on disk.
+
+    Chunks arrive in end order, each sorted by request index; indices over the whole log are
+    a permutation of 0..n-1, so :meth:`windows` reassembles index order one window at a time
+    (memory: one window plus one chunk). Spilled chunks are ``.npy`` files in ``spool_dir``
+    (or a temporary folder), removed by :meth:`close` or when the log is garbage-collected."""
+
+    def __init__(self, spool_dir: str | Path | None = None, spill_rows: int | None = None):
+        self.spill_rows = EXACT_REQUESTS if spill_rows is None else spill_rows
+        self._spool_parent = spool_dir
+        self._dir: Path | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._mem: list[dict[str, np.ndarray]] = []
+        self._ranges: list[tuple[int, int]] = []  # (min index, max index) per chunk
+        self.num_rows = 0
+        self.max_finish = -math.inf  # latest finish of a completed request (s)
+
+    @property
+    def spilled(self) -> bool:
+        return self._dir is not None
+
+    def append(self, chunk: dict[str, np.ndarray]) -> None:
+        """Add rows (raw fields as arrays of equal length, any order)."""
+        n = len(chunk["index"])
+        if n == 0:
+            return
+        order = np.argsort(chunk["index"], kind="stable")
+        chunk = {k: np.asarray(v)[order] for k, v in chunk.items()}
+        idx = chunk["index"]
+        done = np.isin(chunk["finished_reason"], COMPLETED_REASONS)
+        if done.any():
+            self.max_finish = max(self.max_finish, float(np.max(chunk["finish_s"][done])))
+        self._ranges.append((int(idx[0]), int(idx[-1])))
+        self.num_rows += n
+        if self._dir is None and self.num_rows > self.spill_rows:
+            self._start_spill()
+        if self._dir is None:
+            self._mem.append(chunk)
+        else:
+            self._write(len(self._ranges) - 1, chunk)
+
+    def _start_spill(self) -> None:
+        parent = self._spool_parent
+        if parent is not None:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        self._tmp = tempfile.TemporaryDirectory(prefix="servesim-requests-", dir=parent)
+        self._dir = Path(self._tmp.name)
+        for k, chunk in enumerate(self._mem):
+            self._write(k, chunk)
+        self._mem = []
+
+    def _write(self, k: int, chunk: dict[str, np.ndarray]) -> None:
+        num = np.stack([np.asarray(chunk[f], dtype=float) for f in RAW_FIELDS], axis=1)
+        np.save(self._dir / f"{k}.num.npy", num)
+        for s in RAW_STRINGS:
+            np.save(self._dir / f"{k}.{s}.npy", np.asarray(chunk[s]).astype(str))
+
+    def _read(self, k: int, lo_index: int, hi_index: int) -> dict[str, np.ndarray]:
+        """Rows of chunk ``k`` with lo_index <= index < hi_index."""
+        if self._dir is None:
+            c = self._mem[k]
+            a, b = np.searchsorted(c["index"], [lo_index, hi_index])
+            return {f: v[a:b] for f, v in c.items()}
+        num = np.load(self._dir / f"{k}.num.npy", mmap_mode="r")
+        a, b = np.searchsorted(num[:, 0], [lo_index, hi_index])
+        out = {f: np.array(num[a:b, i]) for i, f in enumerate(RAW_FIELDS)}
+        del num  # unmap: pages read stay out of the resident set
+        for s in RAW_STRINGS:
+            col = np.load(self._dir / f"{k}.{s}.npy", mmap_mode="r")
+            out[s] = np.array(col[a:b]).astype(object)
+            del col
+        return out
+
+    def windows(self, rows: int = CHUNK_ROWS) -> Iterator[dict[str, np.ndarray]]:
+        """Raw rows in request-index order, ``rows`` at a time."""
+        n = self.num_rows
+        for lo in range(0, n, rows):
+            hi = min(n, lo + rows)
+            parts = [self._read(k, lo, hi) for k, (a, b) in enumerate(self._ranges)
+                     if a < hi and b >= lo]
+            win = {f: np.concatenate([p[f] for p in parts]) for f in RAW_FIELDS + RAW_STRINGS}
+            order = np.argsort(win["index"], kind="stable")
+            yield {f: v[order] for f, v in win.items()}
+
+    def all_rows(self) -> dict[str, np.ndarray]:
+        """Every row in index order (O(n) memory)."""
+        if not self.num_rows:
+            return {f: np.zeros(0) for f in RAW_FIELDS} | {
+                s: np.zeros(0, dtype=object) for s in RAW_STRINGS}
+        return next(self.windows(rows=self.num_rows))
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        self._tmp = self._dir = None
+        self._mem, self._ranges, self.num_rows = [], [], 0
+
+
+class LazyRequests(Mapping):
+    """``RunResult.requests`` of a spilled run: each column is assembled from the spool when
+    read (O(n) for that column only). Prefer ``RunResult.iter_requests`` for streaming."""
+
+    def __init__(self, log: RequestLog):
+        self._log = log
+        self._keys = tuple(derive_request_columns(_empty_raw()))
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._keys:
+            raise KeyError(key)
+        parts = [derive_request_columns(w)[key] for w in self._log.windows()]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _empty_raw() -> dict[str, np.ndarray]:
+    return {f: np.zeros(0) for f in RAW_FIELDS} | {s: np.zeros(0, dtype=object)
+                                                   for s in RAW_STRINGS}
+
+
+class Distribution:
+    """A (weighted) sample of latencies: exact while it holds at most ``exact_limit`` stored
+    values, then a DDSketch (``ddsketch`` package) plus exact streaming count, mean and
+    population std (Chan et al.'s pairwise update). Values are seconds, NaN ignored."""
+
+    def __init__(self, exact_limit: int = EXACT_SAMPLES,
+                 relative_accuracy: float = SKETCH_RELATIVE_ACCURACY):
+        self.exact_limit = exact_limit
+        self.relative_accuracy = relative_accuracy
+        self._parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._stored = 0
+        self.sketch = None  # DDSketch once the exact limit is passed
+        self.count = 0.0
+        self.mean = 0.0
+        self._m2 = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return self.sketch is None
+
+    def add(self, values: np.ndarray, counts: np.ndarray | None = None, group: int = 0) -> None:
+        """Add samples (``counts``: multiplicities, default 1). The exact sample lists groups
+        in ``group`` order, each in insertion order."""
+        values = np.asarray(values, dtype=float)
+        if not len(values):
+            return
+        if self.sketch is None:  # stored as given (NaN included), counts None = all ones
+            self._parts.setdefault(group, []).append((values, counts))
+            self._stored += len(values)
+            if self._stored > self.exact_limit:
+                self._to_sketch()
+            return
+        self._stream(values, counts)
+
+    def _to_sketch(self) -> None:
+        from ddsketch import DDSketch
+
+        self.sketch = DDSketch(self.relative_accuracy)
+        values, counts = self.exact_sample()
+        self._parts, self._stored = {}, 0
+        for lo in range(0, len(values), CHUNK_ROWS):
+            self._stream(values[lo:lo + CHUNK_ROWS], counts[lo:lo + CHUNK_ROWS])
+
+    def _stream(self, values: np.ndarray, counts: np.ndarray | None) -> None:
+        from ddsketch import DDSketch, LogarithmicMapping
+        from ddsketch.ddsketch import BaseDDSketch
+        from ddsketch.store import DenseStore
+
+        counts = np.ones(len(values)) if counts is None else np.asarray(counts, dtype=float)
+        keep = np.isfinite(values) & (counts > 0)
+        if not keep.all():
+            values, counts = values[keep], counts[keep]
+        if not len(values):
+            return
+        # moments (Chan et al.): merge (n, mean, M2) of this batch into the running ones
+        n_b = float(counts.sum())
+        mean_b = float(np.sum(values * counts) / n_b)
+        m2_b = float(np.sum(counts * (values - mean_b) ** 2))
+        n = self.count + n_b
+        delta = mean_b - self.mean
+        self.mean += delta * n_b / n
+        self._m2 += m2_b + delta * delta * self.count * n_b / n
+        self.count = n
+        # sketch: bucket keys as LogarithmicMapping.key (ceil(log_gamma(v))), vectorised
+        mapping = LogarithmicMapping(self.relative_accuracy)
+        pos = values > mapping.min_possible
+        keys = np.ceil(np.log(values[pos]) / math.log(mapping.gamma)).astype(np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        weights = np.bincount(inv, weights=counts[pos])
+        store = DenseStore()
+        for k, w in zip(uniq.tolist(), weights.tolist()):
+            store.add(k, w)
+        zero = float(counts[~pos].sum())
+        part = BaseDDSketch(mapping, store, DenseStore(), zero)
+        assert isinstance(self.sketch, DDSketch)
+        self.sketch.merge(part)
+
+    def exact_sample(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values, counts) in insertion order (exact mode only)."""
+        parts = [p for g in sorted(self._parts) for p in self._parts[g]]
+        if not parts:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        return (np.concatenate([v for v, _ in parts]),
+                np.concatenate([np.ones(len(v), np.int64) if c is None else
+                                np.asarray(c).astype(np.int64) for v, c in parts]))
+
+    def values(self) -> np.ndarray:
+        """The exact sample of an unweighted distribution, in insertion order."""
+        return self.exact_sample()[0]
+
+    def std(self) -> float:
+        return math.sqrt(self._m2 / self.count) if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """Sketch estimate of the rank-⌊q·(n−1)⌋ value (relative error ≤ alpha)."""
+        v = self.sketch.get_quantile_value(q) if self.count else None
+        return float(v) if v is not None else 0.0
+
 
 @dataclass
 class RunResult:
     """Everything a run measured.
 
     - ``requests``: column name → array, one entry per request of the workload (finished,
-      rejected or still in flight at the end). ``send_s`` (when the client actually sent it:
-      later than ``arrival_s`` under ``max_concurrency``) and ``error`` are extra columns.
-      Latencies (``ttft_s``, ``e2el_s``, ``queue_s``) are measured from ``send_s`` like
-      ``vllm bench serve``; NaN where undefined (rejected, or ``tpot_s`` with one output token).
+      rejected or still in flight at the end), in request-index order. ``send_s`` (when the
+      client actually sent it: later than ``arrival_s`` under ``max_concurrency``) and
+      ``error`` are extra columns. Latencies (``ttft_s``, ``e2el_s``, ``queue_s``) are measured
+      from ``send_s`` like ``vllm bench serve``; NaN where undefined (rejected, or ``tpot_s``
+      with one output token). A plain dict for runs of up to :data:`EXACT_REQUESTS` requests;
+      above, a :class:`LazyRequests` mapping that assembles a column from disk when read.
+      Streaming consumers use :meth:`iter_requests` (same columns, windows of rows).
     - ``itl_values`` / ``itl_counts``: the pooled inter-token latencies of all requests as a
       weighted sample (value, multiplicity); expand with ``np.repeat`` for exact percentiles.
+      Empty when ``itl_stream`` holds them instead (more than :data:`EXACT_SAMPLES` entries).
     - ``steps``: column name (``STEP_COLUMNS``) → array, one entry per recorded sample.
     - ``counters``: totals (``num_preemptions``, ``prefix_cache_queries``, ``prefix_cache_hits``,
       ``num_steps``, ``num_gpu_blocks``, ``wall_seconds``, ...).
     - ``workload_meta``: the workload's bench traffic fields (``num_prompts``,
       ``request_rate``, ``burstiness``, ``max_concurrency``, ``dataset_name``).
     - ``capacity``: the memory plan as a dict (weights per GPU, KV bytes per token, ...).
+    - ``request_log`` / ``itl_stream``: the streaming stores behind large runs (None for runs
+      built in memory); :meth:`close` removes the spool files.
     """
 
     config: Any  # resolved ExperimentConfig
-    requests: dict[str, np.ndarray]
+    requests: Mapping[str, np.ndarray]
     itl_values: np.ndarray
     itl_counts: np.ndarray
     steps: dict[str, np.ndarray]
     counters: dict[str, float] = field(default_factory=dict)
     workload_meta: dict[str, Any] = field(default_factory=dict)
     capacity: dict[str, Any] = field(default_factory=dict)
+    request_log: RequestLog | None = None
+    itl_stream: Distribution | None = None
+
+    @property
+    def num_requests(self) -> int:
+        if self.request_log is not None and self.request_log.spilled:
+            return self.request_log.num_rows
+        return len(self.requests["finished_reason"])
+
+    @property
+    def streamed(self) -> bool:
+        """True when per-request rows live on disk (more than EXACT_REQUESTS requests)."""
+        return self.request_log is not None and self.request_log.spilled
+
+    def iter_requests(self, rows: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """``requests`` columns in windows of ``rows`` rows (all at once when None and the
+        run is in memory), in request-index order."""
+        if self.streamed:
+            for w in self.request_log.windows(rows or CHUNK_ROWS):
+                yield derive_request_columns(w)
+            return
+        req = self.requests
+        n = len(req["finished_reason"])
+        step = rows or max(n, 1)
+        for lo in range(0, max(n, 1), step):
+            yield {k: np.asarray(v)[lo:lo + step] for k, v in req.items()}
 
     @property
     def duration_s(self) -> float:
         """Benchmark duration like vllm bench: from the benchmark start (t = 0, before the
         first send) to the last completion, in seconds."""
-        ends = self.requests["finish_s"]
+        if self.streamed:
+            m = self.request_log.max_finish
+            return m if math.isfinite(m) else 0.0
+        ends = np.asarray(self.requests["finish_s"], dtype=float)
         ends = ends[np.isfinite(ends)]
         return float(ends.max()) if len(ends) else 0.0
+
+    def close(self) -> None:
+        """Remove the spooled per-request files (large runs)."""
+        if self.request_log is not None:
+            self.request_log.close()
+
+
+def remove_tree(path: str | Path) -> None:
+    """``rm -rf`` that ignores a missing path."""
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

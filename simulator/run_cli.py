@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,72 +12,71 @@ SET_OPT = typer.Option(None, "--set", help="Override a config key: section.key=v
 
 
 def load(config: Path, overrides: list[str] | None, seed: int | None = None):
+    """Load, override, validate and resolve a config; errors name the file and the key."""
     from servesim.simulator.config import load_config, resolve_config
+    from servesim.simulator.errors import in_file
 
     ov = list(overrides or [])
     if seed is not None:
         ov.append(f"workload.seed={seed}")
-    return resolve_config(load_config(config, ov))
+    cfg = load_config(config, ov)
+    with in_file(config):
+        return resolve_config(cfg)
+
+
+OVERWRITE_OPT = typer.Option(False, "--overwrite",
+                             help="Replace a non-empty output folder (default: refuse)")
+JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON instead of a table")
 
 
 def run(
     config: Path = CONFIG_ARG,
     output_dir: Path | None = typer.Option(  # noqa: B008  (typer's idiom)
         None, "-o", "--output-dir",
-        help="Run directory (default results/<config-stem>-<UTC timestamp>)"),
+        help="Run directory (default results/<config-stem>-<UTC timestamp>); must be new or "
+             "empty unless --overwrite"),
     overrides: list[str] | None = SET_OPT,
     seed: int | None = typer.Option(None, "--seed", help="Workload seed (vllm bench --seed)"),
+    overwrite: bool = OVERWRITE_OPT,
+    as_json: bool = JSON_OPT,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors"),
 ) -> None:
-    """Simulate one experiment and write result.json, requests.csv, timeseries.csv."""
+    """Simulate one experiment and write result.json, requests.csv, timeseries.csv.
+
+    The run folder is checked (writable, new or empty) before simulating and appears complete
+    or not at all; Ctrl-C leaves it as it was."""
     from rich.console import Console
-    from servesim.reports import compute_bench_result, print_summary, write_run
+    from servesim.reports import print_summary, write_run
+    from servesim.reports.writers import OutputDir
+    from servesim.simulator.errors import Interrupted, in_file
     from servesim.simulator.runner import run_experiment
 
     cfg = load(config, overrides, seed)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     outdir = output_dir or Path("results") / f"{Path(config).stem}-{stamp}"
-    console = Console(stderr=False, quiet=quiet)
-    progress_cb, finish = _progress(quiet)
+    out = OutputDir(outdir, overwrite=overwrite, what="run")
+    result = None
     try:
-        result = run_experiment(cfg, resolved=True, progress=progress_cb)
+        with in_file(config):
+            result = run_experiment(cfg, resolved=True, spool_dir=str(out.staging.parent))
+        bench = write_run(result, out)
+    except KeyboardInterrupt:
+        out.discard()
+        raise Interrupted(f"the run did not finish; nothing was written to {outdir}") from None
     finally:
-        finish()
-    write_run(result, outdir)
+        out.discard()
+        if result is not None:
+            result.close()
+    if as_json:
+        from servesim.reports.writers import dumps_result
+
+        typer.echo(dumps_result(bench), nl=False)
+        return
     if not quiet:
-        print_summary(compute_bench_result(result), console)
+        console = Console()
+        print_summary(bench, console)
         console.print(f"Wrote {outdir}/result.json, requests.csv, timeseries.csv, "
-                      "config.resolved.yaml")
-
-
-def _progress(quiet: bool):
-    """A rich progress bar that appears only for runs longer than ~2 s."""
-    if quiet:
-        return None, lambda: None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    state = {"bar": None, "task": None, "t0": time.perf_counter(), "last": 0.0}
-
-    def cb(done: int, total: int | None) -> None:
-        now = time.perf_counter()
-        if now - state["last"] < 0.2:
-            return
-        state["last"] = now
-        if state["bar"] is None:
-            if now - state["t0"] < 2.0:
-                return
-            bar = Progress(TextColumn("simulating"), BarColumn(),
-                           TextColumn("{task.completed}/{task.total} requests"),
-                           TimeRemainingColumn(), transient=True)
-            bar.start()
-            state["bar"], state["task"] = bar, bar.add_task("run", total=total)
-        state["bar"].update(state["task"], completed=done)
-
-    def finish() -> None:
-        if state["bar"] is not None:
-            state["bar"].stop()
-
-    return cb, finish
+                      "config.resolved.yaml", markup=False, highlight=False, soft_wrap=True)
 
 
 def validate(

@@ -10,7 +10,14 @@ import numpy as np
 import simpy
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
-from servesim.simulator.metrics import STEP_COLUMNS, RunResult
+from servesim.simulator.metrics import (
+    STEP_COLUMNS,
+    LazyRequests,
+    RequestLog,
+    RunResult,
+    derive_request_columns,
+)
+from servesim.simulator.progress import phase
 from servesim.simulator.registry import get_kv_allocator, get_scheduler
 from servesim.simulator.scheduler import SchedulerParams
 
@@ -20,12 +27,14 @@ MAX_STEP_ROWS = 200_000
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                    progress: Callable[[int, int | None], None] | None = None,
-                   fast_path: bool = True) -> RunResult:
+                   fast_path: bool = True, spool_dir: str | None = None) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
     ``progress(num_done, num_total)`` is called as requests end (``num_total`` may be None).
     Raises ``ConfigError`` / ``CapacityError`` (one-line, user-facing) before simulating when
-    the config cannot run, as vLLM would fail at start-up.
+    the config cannot run, as vLLM would fail at start-up. Runs of more than
+    ``metrics.EXACT_REQUESTS`` requests spill per-request rows to ``spool_dir`` (default: a
+    temporary folder); ``RunResult.close()`` removes them.
     """
     from servesim.costmodels import build_cost_model, plan_memory
     from servesim.workloads import build_workload
@@ -62,7 +71,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     )
 
     env = simpy.Environment()
-    rec = Recorder()
+    rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
     replicas: list[Replica] = []
     client_box: list[Client] = []
 
@@ -79,21 +88,30 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                                 max_concurrent_batches=batches))
 
     total = workload.meta.get("num_prompts")
-    cb = (lambda n: progress(n, total)) if progress is not None else None
-    client = Client(env, workload, replicas, rec, max_model_len=mml,
-                    num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                    max_concurrency=cfg.workload.max_concurrency, on_progress=cb)
-    client_box.append(client)
-    env.run()
-    client.finalize()
+    with phase("simulating", total) as tick:
+        if progress is None:
+            cb = tick
+        else:
+            def cb(n: int) -> None:
+                tick(n)
+                progress(n, total)
+        client = Client(env, workload, replicas, rec, max_model_len=mml,
+                        num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                        max_concurrency=cfg.workload.max_concurrency, on_progress=cb)
+        client_box.append(client)
+        env.run()
+        client.finalize()
     wall = time.perf_counter() - t0
 
-    requests = _request_columns(rec)
-    itl_values = np.concatenate([np.asarray(rec.itl_explicit, dtype=float),
-                                 np.asarray([v for v, _ in rec.itl_weighted], dtype=float)])
-    itl_counts = np.concatenate([np.ones(len(rec.itl_explicit), dtype=np.int64),
-                                 np.asarray([c for _, c in rec.itl_weighted], dtype=np.int64)])
-    steps = _step_columns(rec, cfg.output.timeseries_interval_s)
+    rec.flush()
+    log = rec.log
+    requests = LazyRequests(log) if log.spilled else derive_request_columns(log.all_rows())
+    if rec.itl.exact:
+        itl_values, itl_counts = rec.itl.exact_sample()
+        itl_stream = None
+    else:
+        itl_values, itl_counts, itl_stream = np.zeros(0), np.zeros(0, np.int64), rec.itl
+    steps = rec.steps.columns()
     sched0 = [r.scheduler for r in replicas]
     kvs = [r.kv for r in replicas]
     queries = sum(k.prefix_cache_stats.queries for k in kvs)
@@ -116,62 +134,70 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     meta = dict(workload.meta)
     return RunResult(config=cfg, requests=requests, itl_values=itl_values,
                      itl_counts=itl_counts, steps=steps, counters=counters,
-                     workload_meta=meta, capacity=mem.as_dict())
+                     workload_meta=meta, capacity=mem.as_dict(),
+                     request_log=log if log.spilled else None, itl_stream=itl_stream)
 
 
-def _request_columns(rec: Recorder) -> dict[str, np.ndarray]:
-    d = {k: np.frombuffer(v, dtype=float).copy() if len(v) else np.zeros(0)
-         for k, v in rec.req.items()}
-    order = np.argsort(d["index"], kind="stable")
-    d = {k: v[order] for k, v in d.items()}
-    ids = np.asarray(rec.request_id, dtype=object)[order]
-    reason = np.asarray(rec.reason, dtype=object)[order]
-    error = np.asarray(rec.error, dtype=object)[order]
-    send = d["send_s"]
-    ttft = d["first_token_s"] - send
-    e2el = d["finish_s"] - send
-    out = d["output_len"]
-    ok = np.isin(reason, ("stop", "length"))
-    ttft = np.where(ok, ttft, np.nan)
-    e2el = np.where(ok, e2el, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(ok & (out > 1), (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
-    return {
-        "request_id": ids,
-        "arrival_s": d["arrival_s"],
-        "prompt_len": d["prompt_len"].astype(np.int64),
-        "output_len": out.astype(np.int64),
-        "num_cached_tokens": d["num_cached_tokens"].astype(np.int64),
-        "first_scheduled_s": d["first_scheduled_s"],
-        "first_token_s": d["first_token_s"],
-        "finish_s": np.where(ok, d["finish_s"], np.nan),
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "e2el_s": e2el,
-        "queue_s": d["first_scheduled_s"] - send,
-        "num_preemptions": d["num_preemptions"].astype(np.int64),
-        "finished_reason": reason,
-        "send_s": send,
-        "error": error,
-    }
+class StepSampler:
+    """Step rows → ``timeseries.csv`` rows, streaming. Every step is kept while there are at
+    most :data:`MAX_STEP_ROWS` and ``interval`` is None; otherwise each interval keeps its
+    last step (gauges: running, waiting, KV usage, counters) with the per-step columns
+    (seconds, tokens, decodes, prefill tokens) summed over the interval, and ``time_s`` =
+    the interval's end. The open interval is carried across chunks as one pre-summed row."""
 
+    SUMS = ("step_seconds", "step_tokens", "num_decode", "prefill_tokens")
 
-def _step_columns(rec: Recorder, interval: float | None) -> dict[str, np.ndarray]:
-    s = {k: np.frombuffer(v, dtype=float).copy() if len(v) else np.zeros(0)
-         for k, v in rec.step.items()}
-    n = len(s["time_s"])
-    if n > 1:  # several replicas interleave: order by time
-        order = np.argsort(s["time_s"], kind="stable")
-        s = {k: v[order] for k, v in s.items()}
-    if interval is None and n > MAX_STEP_ROWS:
-        interval = 1.0
-    if interval is not None and n:
-        # Sample: the last step ending in each interval (gauges), sums for tokens/seconds.
-        bucket = np.floor(s["time_s"] / interval).astype(np.int64)
+    def __init__(self, interval: float | None):
+        self.interval = interval
+        self._raw: list[dict[str, np.ndarray]] = []
+        self._num_raw = 0
+        self._rows: list[dict[str, np.ndarray]] = []
+        self._carry: dict[str, np.ndarray] | None = None
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        if self.interval is None:
+            self._raw.append(chunk)
+            self._num_raw += len(chunk["time_s"])
+            if self._num_raw <= MAX_STEP_ROWS:
+                return
+            self.interval = 1.0
+            raw, self._raw = self._raw, []
+            for c in raw:
+                self._sample(c)
+            return
+        self._sample(chunk)
+
+    def _sample(self, s: dict[str, np.ndarray]) -> None:
+        if self._carry is not None:
+            s = {k: np.concatenate([self._carry[k], v]) for k, v in s.items()}
+        n = len(s["time_s"])
+        if not n:
+            return
+        bucket = np.floor(s["time_s"] / self.interval).astype(np.int64)
         last = np.r_[np.nonzero(np.diff(bucket))[0], n - 1]
-        sums = {k: np.add.reduceat(s[k], np.r_[0, last[:-1] + 1])
-                for k in ("step_seconds", "step_tokens", "num_decode", "prefill_tokens")}
-        s = {k: (sums[k] if k in sums else v[last]) for k, v in s.items()}
-        s["time_s"] = (bucket[last] + 1) * interval
-    names = dict(zip(Recorder.STEP, STEP_COLUMNS))
-    return {names[k]: v for k, v in s.items()}
+        starts = np.r_[0, last[:-1] + 1]
+        rows = {k: (np.add.reduceat(v, starts) if k in self.SUMS else v[last])
+                for k, v in s.items()}
+        self._carry = {k: v[-1:] for k, v in rows.items()}
+        self._carry["time_s"] = s["time_s"][-1:]  # raw time: the same interval next chunk
+        rows["time_s"] = (bucket[last] + 1) * self.interval
+        self._rows.append({k: v[:-1] for k, v in rows.items()})
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The ``RunResult.steps`` dict (``STEP_COLUMNS`` names)."""
+        if self.interval is None:
+            s = {k: np.concatenate([c[k] for c in self._raw]) if self._raw else np.zeros(0)
+                 for k in Recorder.STEP}
+            if len(s["time_s"]) > 1:  # several replicas interleave: order by time
+                order = np.argsort(s["time_s"], kind="stable")
+                s = {k: v[order] for k, v in s.items()}
+        else:
+            rows = list(self._rows)
+            if self._carry is not None:
+                last = dict(self._carry)
+                last["time_s"] = (np.floor(last["time_s"] / self.interval) + 1) * self.interval
+                rows.append(last)
+            s = {k: np.concatenate([r[k] for r in rows]) if rows else np.zeros(0)
+                 for k in Recorder.STEP}
+        names = dict(zip(Recorder.STEP, STEP_COLUMNS))
+        return {names[k]: v for k, v in s.items()}

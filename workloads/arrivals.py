@@ -73,10 +73,14 @@ def vllm_arrival_times(
             ramp_up_end_rps)
     factor = 1.0
     if ramp_up_strategy is None:
+        from servesim.simulator.progress import phase
+
         last = 0.0
-        for d in _delay_chunks(*args):
-            d[0] += last
-            last = float(np.cumsum(d)[-1])
+        with phase("arrival times (normalising pass)", n) as tick:
+            for k, d in enumerate(_delay_chunks(*args)):
+                d[0] += last
+                last = float(np.cumsum(d)[-1])
+                tick(min(n, (k + 1) * CHUNK))
         if last != 0:
             factor = (n / request_rate) / last
     last = 0.0

@@ -46,7 +46,7 @@ class _Common(_Section):
     max_concurrency: PositiveInt | None = Field(
         None, description="Client-side cap on in-flight requests (closed loop)"
     )
-    seed: int = Field(0, description="vllm bench --seed")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="vllm bench --seed (numpy: 0..2**32-1)")
     long_requests: LongRequests = Field("keep", description=_LONG_DOC)
 
 
