@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from servesim.reports.bench_result import VOLATILE_KEYS, PerRequest, compute_bench_result
@@ -204,7 +204,7 @@ class OutputDir:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
 
-    def __enter__(self) -> OutputDir:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

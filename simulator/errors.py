@@ -59,7 +59,7 @@ def reprlib_repr(value: object) -> str:
     return r.repr(value)
 
 
-class in_file:  # noqa: N801 - used as a context manager: ``with in_file(path): ...``
+class in_file:  # used as a context manager: ``with in_file(path): ...``
     """Prefix a :class:`ServesimError` raised inside with ``"<path>: "`` unless its message
     already names the file (errors raised after a config was loaded name key and file)."""
 

@@ -178,9 +178,10 @@ class RequestLog:
             del col
         return out
 
-    def windows(self, rows: int = CHUNK_ROWS) -> Iterator[dict[str, np.ndarray]]:
-        """Raw rows in request-index order, ``rows`` at a time."""
+    def windows(self, rows: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Raw rows in request-index order, ``rows`` (default CHUNK_ROWS) at a time."""
         n = self.num_rows
+        rows = rows or CHUNK_ROWS
         for lo in range(0, n, rows):
             hi = min(n, lo + rows)
             parts = [self._read(k, lo, hi) for k, (a, b) in enumerate(self._ranges)
@@ -234,9 +235,9 @@ class Distribution:
     values, then a DDSketch (``ddsketch`` package) plus exact streaming count, mean and
     population std (Chan et al.'s pairwise update). Values are seconds, NaN ignored."""
 
-    def __init__(self, exact_limit: int = EXACT_SAMPLES,
+    def __init__(self, exact_limit: int | None = None,
                  relative_accuracy: float = SKETCH_RELATIVE_ACCURACY):
-        self.exact_limit = exact_limit
+        self.exact_limit = EXACT_SAMPLES if exact_limit is None else exact_limit
         self.relative_accuracy = relative_accuracy
         self._parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._stored = 0
