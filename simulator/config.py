@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
-from servesim.simulator.errors import ConfigError
+from servesim.simulator.errors import ConfigError, one_line, short_repr
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
 
 
@@ -127,15 +127,18 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     The value is parsed as YAML (so ``true``, ``1e3``, ``[1, 2]`` work); the schema types it.
     """
     if "=" not in item:
-        raise ConfigError(f"--set {item}: expected section.key=value")
+        raise ConfigError(f"--set {one_line(item, 80)}: expected section.key=value")
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(f"--set {item}: expected section.key=value")
+        raise ConfigError(f"--set {one_line(item, 80)}: expected section.key=value")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         value = raw
+    if _expanded_size(value, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+        raise ConfigError(f"--set {one_line(key, 80)}: more than {MAX_YAML_VALUES:,} values "
+                          "once YAML aliases are expanded")
     return path, value
 
 
@@ -167,7 +170,7 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     tree = copy.deepcopy(tree)
     for item in overrides:
         path, value = parse_override(item)
-        set_path(tree, path, value, where=f"--set {item}")
+        set_path(tree, path, value, where=f"--set {one_line(item, 80)}")
     return tree
 
 
@@ -184,11 +187,12 @@ def _describe_error(err: dict) -> str:
     if typ == "union_tag_invalid":
         ctx = err.get("ctx", {})
         return (f"{loc}.{ctx.get('discriminator', 'kind').strip(chr(39))}: "
-                f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
+                f"{short_repr(ctx.get('tag'))} is not one of {ctx.get('expected_tags')}")
     msg = err["msg"]
+    msg = one_line(msg, 200)
     if typ.endswith(("_parsing", "_type")):
-        return f"{loc}: {msg[0].lower() + msg[1:]}, got {inp!r}"
-    return f"{loc}: {msg[0].lower() + msg[1:]} (got {inp!r})"
+        return f"{loc}: {msg[0].lower() + msg[1:]}, got {short_repr(inp)}"
+    return f"{loc}: {msg[0].lower() + msg[1:]} (got {short_repr(inp)})"
 
 
 def validate_tree(tree: dict, source: str) -> ExperimentConfig:
@@ -203,21 +207,95 @@ def validate_tree(tree: dict, source: str) -> ExperimentConfig:
     except ValidationError as e:
         first = e.errors()[0]
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise ConfigError(f"{source}: {_describe_error(first)}{more}") from None
+        raise ConfigError(f"{source}: {one_line(_describe_error(first), 400)}{more}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys in a mapping (YAML says keys are
+    unique; PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                dup = key in seen
+            except TypeError:  # unhashable key: let PyYAML report it
+                dup = False
+            if dup:
+                mark = key_node.start_mark
+                raise ConfigError(
+                    f"{self.name}:{mark.line + 1}:{mark.column + 1}: duplicate key "
+                    f"{short_repr(key)} (first at line {seen[key] + 1}); each key may appear "
+                    "once per section")
+            if not dup:
+                try:
+                    seen[key] = key_node.start_mark.line
+                except TypeError:
+                    pass
+        return super().construct_mapping(node, deep=deep)
+
+
+MAX_YAML_VALUES = 1_000_000  # values of a config after expanding YAML aliases
+
+
+def _expanded_size(tree: Any, limit: int) -> int:
+    """Number of values in ``tree`` with aliases expanded, counted with memoisation (a
+    billion-laughs alias bomb is measured in linear time); stops past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(x: Any) -> int:
+        if isinstance(x, (dict, list, tuple)):
+            k = id(x)
+            if k in memo:
+                return memo[k]
+            memo[k] = 0  # a recursive alias counts once
+            items = list(x.keys()) + list(x.values()) if isinstance(x, dict) else x
+            n = 1
+            for v in items:
+                n += size(v)
+                if n > limit:
+                    break
+            memo[k] = n
+            return n
+        return 1
+
+    return size(tree)
 
 
 def load_yaml(path: str | Path) -> dict:
+    """A config file as a dict: UTF-8 YAML with a mapping at the top; empty files, duplicate
+    keys and alias bombs are one-line :class:`ConfigError` naming file and line."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such config file")
+    raw = p.read_bytes()
     try:
-        tree = yaml.safe_load(p.read_text())
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: invalid UTF-8 bytes (a config is UTF-8 text)") from None
+    try:
+        loader = _StrictLoader(text)
+        loader.name = str(p)
+        try:
+            tree = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{p}{where}: invalid YAML: {problem}") from None
-    return tree or {}
+        raise ConfigError(f"{p}{where}: invalid YAML: {one_line(problem)}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: YAML nested too deeply") from None
+    if tree is None:
+        raise ConfigError(f"{p}: empty config (expected sections such as model:, hardware:, "
+                          "workload:)")
+    if _expanded_size(tree, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+        raise ConfigError(f"{p}: more than {MAX_YAML_VALUES:,} values once YAML aliases are "
+                          "expanded (an alias bomb?)")
+    return tree
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:

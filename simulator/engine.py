@@ -47,6 +47,8 @@ class Recorder:
         self.step = {k: array("d") for k in self.STEP}
         self.itl_explicit: list[float] = []
         self.itl_weighted: list[tuple[float, int]] = []
+        self.parked = None  # the client's Parked queue (counted as waiting), if any
+        self.refill: Callable[[], None] | None = None  # moves parked requests in
 
     def record_request(self, r: Request, reason: str) -> None:
         d = self.req
@@ -156,13 +158,18 @@ class Replica:
         def record(out, now: float, dt: float) -> None:
             if len(c_time) >= limit and rec.steps is not None:
                 rec.flush()
+            parked = rec.parked
             shape = out.shape
             self.num_steps += 1
             c_time.append(now)
             c_dt.append(dt)
             c_tok.append(out.total_num_scheduled_tokens)
             c_run.append(sched.num_running)
-            c_wait.append(sched.num_waiting)
+            if parked:  # waiting = the engine's queue + the client's compact tail
+                c_wait.append(sched.num_waiting + len(parked))
+                rec.refill()
+            else:
+                c_wait.append(sched.num_waiting)
             c_kv.append(usage())
             c_pre.append(sched.num_preemptions)
             c_q.append(stats.queries)
@@ -243,13 +250,85 @@ class Replica:
                 self.on_finish(r)
 
 
+class Parked:
+    """Requests sent to a single FCFS engine whose waiting queue is already long, kept in
+    compact columns (~40 bytes each) instead of as ``Request`` objects (~2 KB), in send order.
+
+    Exact for vLLM's FCFS scheduler with chunked prefill: a step admits at most
+    ``max_num_seqs`` requests from the head of the waiting queue and never looks further, so
+    holding the tail back and moving it in after each step (``Client.refill``) changes no
+    decision; the waiting gauge counts both. An overloaded replay (arrivals far above
+    capacity) thus needs bounded memory however long the queue grows. Specs with fields
+    other than the common ones are kept as objects (sparse)."""
+
+    def __init__(self):
+        self.send = array("d")
+        self.arrival = array("d")
+        self.index = array("q")
+        self.prompt_len = array("q")
+        self.output_len = array("q")
+        self.prefix = array("b")  # code into ``prefixes`` (-1: see ``special``)
+        self.prefixes: list = [None]
+        self.special: dict[int, RequestSpec] = {}  # absolute position -> spec
+        self.head = 0
+        self.base = 0  # absolute position of element 0
+
+    def __len__(self) -> int:
+        return len(self.send) - self.head
+
+    def push(self, spec: RequestSpec, send_time: float) -> None:
+        idx = spec.extra["_index"]
+        code = -1
+        if (spec.request_id == str(idx) and spec.prompt_token_ids is None
+                and spec.priority == 0 and spec.session_id is None and spec.turn == 0
+                and spec.lora is None and spec.ignore_eos and spec.parent_id is None
+                and spec.think_time_s == 0 and spec.cache_salt is None and len(spec.extra) == 1):
+            ids = spec.prefix_block_ids
+            if ids is None:
+                code = 0
+            elif ids is self.prefixes[-1]:
+                code = len(self.prefixes) - 1
+            elif len(self.prefixes) < 100:
+                self.prefixes.append(ids)
+                code = len(self.prefixes) - 1
+        if code < 0:
+            self.special[self.base + len(self.send)] = spec
+        self.send.append(send_time)
+        self.arrival.append(spec.arrival_s)
+        self.index.append(idx)
+        self.prompt_len.append(spec.prompt_len)
+        self.output_len.append(spec.output_len)
+        self.prefix.append(code)
+
+    def pop(self) -> tuple[RequestSpec, float]:
+        i = self.head
+        code = self.prefix[i]
+        if code < 0:
+            spec = self.special.pop(self.base + i)
+        else:
+            idx = self.index[i]
+            spec = RequestSpec(arrival_s=self.arrival[i], prompt_len=self.prompt_len[i],
+                               output_len=self.output_len[i], request_id=str(idx),
+                               prefix_block_ids=self.prefixes[code], extra={"_index": idx})
+        send = self.send[i]
+        self.head += 1
+        if self.head >= 65536 and self.head * 2 >= len(self.send):  # drop the consumed head
+            for a in (self.send, self.arrival, self.index, self.prompt_len, self.output_len,
+                      self.prefix):
+                del a[:self.head]
+            self.base += self.head
+            self.head = 0
+        return spec, send
+
+
 class Client:
     """``vllm bench serve`` as a SimPy process: sends, concurrency limit, rejections, sessions."""
 
     def __init__(self, env: simpy.Environment, specs: Iterable[RequestSpec],
                  replicas: list[Replica], recorder: Recorder, *, max_model_len: int,
                  num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
-                 on_progress: Callable[[int], None] | None = None):
+                 on_progress: Callable[[int], None] | None = None,
+                 park_after: int | None = None):
         self.env = env
         self.specs = iter(specs)
         self.replicas = replicas
@@ -267,6 +346,12 @@ class Client:
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
         self._rr = 0
         self._live: dict[int, Request] = {}  # sent, not yet ended
+        # Compact queue behind a single FCFS engine's first ``park_after`` waiting requests
+        # (see Parked); the recorder moves them in after every step and counts them waiting.
+        self.park_after = park_after
+        self.parked = Parked() if park_after is not None and len(replicas) == 1 else None
+        if self.parked is not None:
+            recorder.parked, recorder.refill = self.parked, self.refill
         self.process = env.process(self._arrivals())
 
     def _arrivals(self):
@@ -307,6 +392,11 @@ class Client:
             self._end(req)
             return
         self.in_flight += 1
+        parked = self.parked
+        if parked is not None and (len(parked) or
+                                   self.replicas[0].scheduler.num_waiting >= self.park_after):
+            parked.push(spec, env.now)
+            return
         self._live[req.index] = req
         if len(self.replicas) == 1:
             self.replicas[0].add_request(req)
@@ -315,6 +405,16 @@ class Client:
             best = min(range(n), key=lambda i: (self.replicas[(self._rr + i) % n].load, i))
             self.replicas[(self._rr + best) % n].add_request(req)
             self._rr = (self._rr + 1) % n
+
+    def refill(self) -> None:
+        """Move parked requests into the engine until it has ``park_after`` waiting."""
+        parked, replica = self.parked, self.replicas[0]
+        sched = replica.scheduler
+        while len(parked) and sched.num_waiting < self.park_after:
+            spec, send = parked.pop()
+            req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            self._live[req.index] = req
+            replica.add_request(req)
 
     def _reject_reason(self, req: Request) -> str:
         mml = self.max_model_len
@@ -343,6 +443,10 @@ class Client:
         """After the event loop drains: record whatever never ended (still in an engine, in
         the client queue, or waiting for a parent that never finished) as ``in_flight``, so
         every request of the workload has a row. Normally there is none."""
+        while self.parked is not None and len(self.parked):
+            spec, send = self.parked.pop()
+            req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            self._live[req.index] = req
         for req in sorted(self._live.values(), key=lambda r: r.index):
             req.error = req.error or "still in flight when the simulation ended"
             self._end(req)

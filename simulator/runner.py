@@ -23,6 +23,9 @@ from servesim.simulator.scheduler import SchedulerParams
 
 # Beyond this many steps timeseries.csv is sampled every second instead of every step.
 MAX_STEP_ROWS = 200_000
+# A single FCFS engine keeps PARK_AFTER_SEQS × max_num_seqs (+64) requests in its waiting
+# queue; later arrivals wait in the client's compact Parked queue (bounded memory).
+PARK_AFTER_SEQS = 2
 
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
@@ -97,7 +100,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                 progress(n, total)
         client = Client(env, workload, replicas, rec, max_model_len=mml,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                        max_concurrency=cfg.workload.max_concurrency, on_progress=cb)
+                        max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
+                        park_after=_park_after(cfg))
         client_box.append(client)
         env.run()
         client.finalize()
@@ -136,6 +140,18 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      itl_counts=itl_counts, steps=steps, counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
                      request_log=log if log.spilled else None, itl_stream=itl_stream)
+
+
+def _park_after(cfg: ExperimentConfig) -> int | None:
+    """How many waiting requests a single vLLM-FCFS engine holds before the client parks the
+    rest compactly (``engine.Parked``); None where parking could change a decision (other
+    policies reorder or scan the whole queue; without chunked prefill too-long requests are
+    skipped past; several replicas route by queue length)."""
+    s = cfg.scheduler
+    if (s.policy != "fcfs" or not s.enable_chunked_prefill
+            or cfg.parallel.data_parallel_size != 1):
+        return None
+    return PARK_AFTER_SEQS * s.max_num_seqs + 64
 
 
 class StepSampler:

@@ -34,6 +34,8 @@ import io
 import json
 import math
 import random
+import re
+import zlib
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -72,18 +74,42 @@ def _check_file(path) -> Path:
     return p
 
 
-def open_text(path) -> io.TextIOBase:
-    """Open a trace for reading as text (``.gz`` transparently); one-line error if missing."""
+def open_text(path, errors: str = "strict") -> io.TextIOBase:
+    """Open a trace for reading as UTF-8 text (``.gz`` transparently); one-line error if
+    missing. ``errors="surrogateescape"`` lets a reader flag undecodable rows one by one
+    (:data:`_UNDECODABLE`)."""
     p = _check_file(path)
     if p.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8-sig", newline="")
-    return open(p, encoding="utf-8-sig", newline="")
+        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8-sig", errors=errors,
+                                newline="")
+    return open(p, encoding="utf-8-sig", errors=errors, newline="")
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, surrogate-escaped
+_READ_ERRORS = (UnicodeDecodeError, EOFError, OSError, zlib.error)
+
+
+def read_error(path, e: BaseException, line: int | None = None) -> TraceError:
+    """A one-line :class:`TraceError` for a file that cannot be read as (gzip'd) UTF-8 text."""
+    where = f" after line {line}" if line else ""
+    if isinstance(e, UnicodeDecodeError):
+        return TraceError(f"{path}: invalid UTF-8 bytes{where}: expected a UTF-8 text file")
+    if isinstance(e, EOFError):
+        return TraceError(f"{path}: truncated gzip file{where} (the compressed stream ends "
+                          "early)")
+    if isinstance(e, (gzip.BadGzipFile, zlib.error)):
+        return TraceError(f"{path}: not a valid gzip file ({e}); files ending in .gz are "
+                          "read through gzip")
+    return TraceError(f"{path}: cannot read the file ({getattr(e, 'strerror', None) or e})")
 
 
 def detect_format(path) -> str:
     """Format name from the CSV header or the first JSON record (see module doc)."""
-    with open_text(path) as f:
-        head = f.read(65536)
+    try:
+        with open_text(path, errors="replace") as f:
+            head = f.read(65536)
+    except _READ_ERRORS as e:
+        raise read_error(path, e) from None
     stripped = head.lstrip()
     if not stripped:
         raise TraceError(f"{path}: empty trace (no header, no requests)")
@@ -133,11 +159,13 @@ def has_timestamps(path, fmt: str) -> bool:
     if fmt == "sharegpt":
         return False
     if fmt == "vllm_result":
-        with open_text(path) as f:
-            try:
+        try:
+            with open_text(path) as f:
                 d = json.load(f)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path}:{e.lineno}: expected a vllm bench result JSON") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}:{e.lineno}: expected a vllm bench result JSON") from None
+        except _READ_ERRORS as e:
+            raise read_error(path, e) from None
         return isinstance(d, dict) and bool(d.get("start_times"))
     return True
 
@@ -224,6 +252,7 @@ def mooncake_block_ids(hash_ids, input_length: int, block_size: int) -> tuple[in
 class _Ctx:
     def __init__(self, path, skip: bool, stats: dict):
         self.name, self.skip, self.stats = str(path), skip, stats
+        self.line = 0  # last line read (for errors raised by the file itself)
         for k in ("skipped_bad_rows", "dropped_failed", "filtered", "zero_output"):
             stats[k] = 0
 
@@ -258,6 +287,10 @@ def _csv_rows(ctx: _Ctx, f, expect_header: list[str] | None, fmt: str):
             ctx.bad(reader.line_num, f"malformed CSV row ({e})")
             continue
         if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        ctx.line = reader.line_num
+        if _UNDECODABLE.search("".join(row)):
+            ctx.bad(reader.line_num, "invalid UTF-8 bytes (expected UTF-8 text)")
             continue
         yield reader.line_num, row, header
 
@@ -324,7 +357,11 @@ def _read_burstgpt(ctx, f, opts):
 def _read_mooncake(ctx, f, opts):
     bs = opts["block_size"]
     for line, text in enumerate(f, 1):
+        ctx.line = line
         if not text.strip():
+            continue
+        if _UNDECODABLE.search(text):
+            ctx.bad(line, "invalid UTF-8 bytes (expected UTF-8 text)")
             continue
         try:
             try:
@@ -528,32 +565,33 @@ def read_trace(path, format: str = "auto", *, block_size: int = 16, skip_bad_row
         check_order = fmt != "sharegpt"
     opts["block_size"] = block_size
     n = 0
-    with open_text(path) as f:
-        prev = -math.inf
-        for line, t, p, o, kw in _READERS[fmt](ctx, f, opts):
-            if p < 0 or o < 0:
-                what = "prompt" if p < 0 else "output"
-                ctx.bad(line, f"negative {what} length {p if p < 0 else o} "
-                              "(token counts must be >= 0)")
+    per_row = fmt not in ("sharegpt", "vllm_result")  # whole-file JSON: decode strictly
+    rows = _guarded(path, ctx, _rows(ctx, fmt, opts, "surrogateescape" if per_row else "strict"))
+    prev = -math.inf
+    for line, t, p, o, kw in rows:
+        if p < 0 or o < 0:
+            what = "prompt" if p < 0 else "output"
+            ctx.bad(line, f"negative {what} length {p if p < 0 else o} "
+                          "(token counts must be >= 0)")
+            continue
+        if p == 0:
+            ctx.bad(line, "prompt length 0 (a request needs at least one prompt token)")
+            continue
+        if check_order:
+            if t < prev:
+                ctx.bad(line, f"timestamp goes back in time ({t:.6f} s after the first row, "
+                              f"previous row at {prev:.6f} s): expected rows sorted by "
+                              "arrival time")
                 continue
-            if p == 0:
-                ctx.bad(line, "prompt length 0 (a request needs at least one prompt token)")
-                continue
-            if check_order:
-                if t < prev:
-                    ctx.bad(line, f"timestamp goes back in time ({t:.6f} s after the first row, "
-                                  f"previous row at {prev:.6f} s): expected rows sorted by "
-                                  "arrival time")
-                    continue
-                prev = t
-            if o == 0:
-                stats["zero_output"] += 1
-                o = 1
-            n += 1
-            if kw:
-                yield RequestSpec(arrival_s=t, prompt_len=p, output_len=o, **kw)
-            else:
-                yield RequestSpec(arrival_s=t, prompt_len=p, output_len=o)
+            prev = t
+        if o == 0:
+            stats["zero_output"] += 1
+            o = 1
+        n += 1
+        if kw:
+            yield RequestSpec(arrival_s=t, prompt_len=p, output_len=o, **kw)
+        else:
+            yield RequestSpec(arrival_s=t, prompt_len=p, output_len=o)
     if n == 0:
         why = ""
         if stats.get("skipped_bad_rows"):
@@ -562,6 +600,19 @@ def read_trace(path, format: str = "auto", *, block_size: int = 16, skip_bad_row
             why = (f" ({stats.get('filtered', 0)} filtered out, "
                    f"{stats.get('dropped_failed', 0)} failed rows dropped)")
         raise TraceError(f"{path}: empty trace: no requests{why}")
+
+
+def _rows(ctx, fmt: str, opts: dict, errors: str):
+    with open_text(ctx.name, errors=errors) as f:
+        yield from _READERS[fmt](ctx, f, opts)
+
+
+def _guarded(path, ctx, rows):
+    """``rows``, with read failures of the file itself (bad gzip, not UTF-8) as TraceError."""
+    try:
+        yield from rows
+    except _READ_ERRORS as e:
+        raise read_error(path, e, ctx.line) from None
 
 
 # --------------------------------------------------------------------------------------------

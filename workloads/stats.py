@@ -198,23 +198,27 @@ def trace_stats(path, format: str = "auto", *, block_size: int = 16,
         pb.clear()
         ob.clear()
 
-    for r in read_trace(path, fmt, block_size=block_size, skip_bad_rows=skip_bad_rows,
-                        stats=meta, **opts):
-        if first is None:
-            first = r.arrival_s
-        tb.append(r.arrival_s)
-        pb.append(r.prompt_len)
-        ob.append(r.output_len)
-        nblk = r.prompt_len // block_size
-        prompt_blocks += nblk
-        ids = r.prefix_block_ids
-        if ids:
-            has_ids = True
-            hs = _chained(ids)
-            reused += seen.count_seen(hs[:nblk])
-            seen.add(hs)
-        if len(tb) >= BATCH:
-            flush()
+    from servesim.simulator.progress import phase
+
+    with phase(f"reading {path}") as tick:
+        for r in read_trace(path, fmt, block_size=block_size, skip_bad_rows=skip_bad_rows,
+                            stats=meta, **opts):
+            if first is None:
+                first = r.arrival_s
+            tb.append(r.arrival_s)
+            pb.append(r.prompt_len)
+            ob.append(r.output_len)
+            nblk = r.prompt_len // block_size
+            prompt_blocks += nblk
+            ids = r.prefix_block_ids
+            if ids:
+                has_ids = True
+                hs = _chained(ids)
+                reused += seen.count_seen(hs[:nblk])
+                seen.add(hs)
+            tick(pl.n + len(tb))
+            if len(tb) >= BATCH:
+                flush()
     flush()
     n = pl.n
     duration = (last - first) if n else 0.0
