@@ -120,11 +120,10 @@ def estimate(
     t.add_row("total", "", _time(st.seconds), "100.0%",
               _si(sum(o.flops for o in st.breakdown)), _si(sum(o.bytes for o in st.breakdown),
                                                           "B"), "", "", "")
+    from servesim.reports.console import print_table
+
     con = Console()
-    need = 110 + max(len(o.provenance) for o in st.breakdown)
-    if con.width < need:  # never truncate a column (provenance last) on narrow/non-tty output
-        con = Console(width=need)
-    con.print(t)
+    print_table(t, con)  # folds on a narrow terminal, full width when piped
     tok = batch.num_decode + prefill_tokens
     con.print(f"step {st.seconds * 1e3:.3f} ms = GPU {st.gpu_seconds * 1e3:.3f} ms + exposed host "
               f"{(st.seconds - st.gpu_seconds) * 1e3:.3f} ms (async_scheduling="

@@ -204,7 +204,7 @@ def build_plan(gpu: str, quick: bool = False, *, models_dir: Path | None = None,
         plan.notes.append(note)
     if any(c.get("kv_lora_rank") for c in models.values()):
         plan.notes.append("MLA attention (deepseek) is not calibrated: its latent-KV layout "
-                          "needs an MLA kernel; its GEMMs are")
+                          "needs an MLA kernel; its GEMMs are calibrated like every model's")
     tps = (1, 8) if quick else TPS
     ms = M_QUICK if quick else M_FULL
 

@@ -32,24 +32,40 @@ def register(app: typer.Typer) -> None:
                                                     "--save-result JSON(s).")],
         output: Annotated[Path | None, typer.Option("-o", "--output", help="Also write the "
                                                     "table as CSV.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON instead "
+                                              "of a table.")] = False,
     ) -> None:
         """Per-metric error of the simulation against measured vllm bench results."""
+        import json
+        import math
+
         from rich.console import Console
         from servesim.reports.compare import compare_files, mape, rich_table, write_csv
+        from servesim.reports.console import print_table
         from servesim.simulator.errors import ServesimError
 
         if len(files) < 2:
             raise ServesimError("compare: give a simulated and at least one measured JSON")
         rows = compare_files(files)
+        if output is not None:
+            write_csv(rows, output)
+        if as_json:
+            clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                      for k, v in r.items()} for r in rows]
+            m = mape(rows)
+            typer.echo(json.dumps({"rows": clean, "mean_abs_rel_error_pct":
+                                   m if math.isfinite(m) else None}, indent=2))
+            return
         console = Console()
-        console.print(rich_table(rows))
+        print_table(rich_table(rows), console)
         missing = [r["metric"] for r in rows if r["status"] != "ok"]
+        m = mape(rows)
         console.print(f"mean |relative error| over {sum(r['status'] == 'ok' for r in rows)} "
-                      f"metrics: {mape(rows):.1f}%", highlight=False)
+                      f"metrics: " + (f"{m:.1f}%" if math.isfinite(m) else "n/a"),
+                      highlight=False)
         if missing:
             console.print(f"not compared (missing on one side): {', '.join(sorted(set(missing)))}",
                           highlight=False)
         if output is not None:
-            write_csv(rows, output)
             console.print(f"wrote {output}", highlight=False)
 

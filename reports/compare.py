@@ -47,6 +47,9 @@ def load_result(path: str | Path) -> dict:
         d = d[-1]
     if not isinstance(d, dict):
         raise ServesimError(f"{p}: expected a JSON object with vllm bench keys")
+    if not any(math.isfinite(_num(d.get(k))) for k in COMPARE_METRICS):
+        raise ServesimError(f"{p}: no vllm bench metric keys (expected some of "
+                            f"{', '.join(COMPARE_METRICS[:3])}, ...)")
     d = dict(d)
     d["_file"] = str(p)
     return d
@@ -146,15 +149,19 @@ def mape(rows: list[dict]) -> float:
 
 def write_csv(rows: list[dict], path: str | Path) -> None:
     import csv
+    import io
+
+    from servesim.reports.writers import atomic_write_text
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COMPARE_COLUMNS), lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k))
-                        for k in COMPARE_COLUMNS})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(COMPARE_COLUMNS), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k))
+                    for k in COMPARE_COLUMNS})
+    atomic_write_text(p, buf.getvalue())
 
 
 def rich_table(rows: list[dict]):

@@ -70,3 +70,23 @@ def print_summary(bench: dict, console: Any = None) -> None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         else:  # a plain text stream
             console.write(line + "\n")
+
+
+def print_table(table: Any, console: Any = None) -> None:
+    """Print a rich ``Table`` without losing a column or a digit.
+
+    On a terminal the table fits the width and cells fold (wrap, breaking long words) where
+    they must; piped or redirected, it is printed at its natural width (no wrapping at all),
+    so scripts and files get whole rows."""
+    from rich.console import Console
+
+    console = console or Console()
+    for col in table.columns:
+        col.overflow = "fold"
+        col.no_wrap = False
+    if not console.is_terminal:
+        need = console.measure(table, options=console.options.update(width=10_000)).maximum
+        if need > console.width:
+            console = Console(width=need, file=console.file, no_color=console.no_color,
+                              force_terminal=False)
+    console.print(table)

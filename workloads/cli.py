@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +48,7 @@ def stats_cmd(
         return
     from rich.console import Console
     from rich.table import Table
+    from servesim.reports.console import print_table
 
     con = Console()
     con.print(f"[bold]{s['path']}[/bold] ({s['format']})")
@@ -60,13 +64,13 @@ def stats_cmd(
     for k in ("skipped_bad_rows", "dropped_failed", "filtered", "zero_output"):
         if s[k]:
             t.add_row(k.replace("_", " "), f"{s[k]:,}")
-    con.print(t)
+    print_table(t, con)
     lt = Table("tokens", "mean", "p50", "p90", "p99", "max", "total")
     for k in ("prompt_len", "output_len"):
         d = s[k]
         lt.add_row(k, *(_fmt_num(d[c], 1) for c in ("mean", "p50", "p90", "p99")),
                    f"{d['max']:,}", f"{d['total']:,}")
-    con.print(lt)
+    print_table(lt, con)
 
 
 CANONICAL_COLUMNS = ["arrival_s", "prompt_len", "output_len", "prefix_block_ids", "priority",
@@ -92,15 +96,50 @@ def write_canonical(reqs, out: Path, columns: list[str] | None = None) -> int:
     the required three plus every optional one (empty cells = default)."""
     cols = columns or CANONICAL_COLUMNS
     n = 0
-    tmp = out.with_name(out.name + ".part")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(cols)
-        for r in reqs:
-            w.writerow(_row(r, cols))
-            n += 1
-    tmp.replace(out)
+    fd, tmp = tempfile.mkstemp(dir=out.absolute().parent, prefix=f".{out.name}.",
+                               suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(cols)
+            for r in reqs:
+                w.writerow(_row(r, cols))
+                n += 1
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return n
+
+
+def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
+    """Refuse, before any work, an output that is an input, a folder, an existing file
+    (unless ``overwrite``), or in a folder that cannot be created or written."""
+    from servesim.simulator.errors import ServesimError
+
+    for i in inputs:
+        with contextlib.suppress(OSError):
+            if out.exists() and os.path.samefile(out, i):
+                raise ServesimError(f"{out}: is the input file; write the output elsewhere")
+    if out.is_dir():
+        raise ServesimError(f"{out}: is a folder; expected a file name")
+    if out.exists() and not overwrite:
+        raise ServesimError(f"{out}: exists; pass --overwrite to replace it")
+    parent = out.absolute().parent
+    for q in (parent, *parent.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise ServesimError(f"{out}: {q} is a file, not a folder")
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ServesimError(f"{out}: cannot write here: {e.strerror or e}") from None
 
 
 @trace_app.command("convert")
@@ -110,11 +149,17 @@ def convert_cmd(
     format: FormatOpt = "auto",
     block_size: BlockOpt = 16,
     skip_bad_rows: SkipOpt = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite",
+                                            help="Replace an existing output file")] = False,
 ) -> None:
     """Convert a trace to the canonical CSV (streaming). Arrival times are shifted so the first
-    request is at 0 (traces without timestamps: all 0); prefix ids at ``--block-size``."""
+    request is at 0 (traces without timestamps: all 0); prefix ids at ``--block-size``. The
+    output appears complete or not at all."""
+    from servesim.simulator.errors import Interrupted
     from servesim.workloads import build_workload
     from servesim.workloads.config import TraceWorkload
+
+    check_output_file(out, [file], overwrite)
 
     cfg = TraceWorkload(path=str(file), format=format, skip_bad_rows=skip_bad_rows)
     wl = build_workload(cfg, block_size=block_size)
@@ -126,7 +171,10 @@ def convert_cmd(
         cols = CANONICAL_COLUMNS
     if fmt == "vllm_result":
         cols = cols + ["request_id"]
-    n = write_canonical(wl, out, cols)
+    try:
+        n = write_canonical(wl, out, cols)
+    except KeyboardInterrupt:
+        raise Interrupted(f"nothing was written to {out}") from None
     skipped = wl.meta.get("skipped_bad_rows", 0)
     typer.echo(f"wrote {n:,} requests to {out}" + (f" ({skipped:,} bad rows skipped)"
                                                     if skipped else ""))
