@@ -86,9 +86,11 @@ def validate(
     """Print the resolved config and the derived capacity, as vLLM logs it at start-up;
     exit 2 when the config cannot run."""
     from servesim.costmodels import plan_memory
+    from servesim.simulator.errors import in_file
 
     cfg = load(config, overrides)
-    plan = plan_memory(cfg)
+    with in_file(config):
+        plan = plan_memory(cfg)
     typer.echo("# resolved config")
     typer.echo(cfg.to_yaml().rstrip())
     typer.echo("\n# derived capacity (as vLLM logs it at start-up)")

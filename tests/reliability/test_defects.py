@@ -1,0 +1,302 @@
+"""One regression test per numbered defect of issue 16 (each failed before its fix)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from servesim.simulator import runner
+from servesim.simulator.errors import install_cli_warnings
+
+from .cli_harness import check_contract, cli, no_partial_output
+from .conftest import CONFIG
+
+
+def _trace(tmp_path, body: bytes, name="t.csv"):
+    p = tmp_path / name
+    p.write_bytes(b"arrival_s,prompt_len,output_len\n" + body)
+    return p
+
+
+# 1. Ctrl-C exited 0 (typer returns 130, main ignored it) -------------------------------------
+
+
+def test_1_interrupted_run_exits_130_and_says_nothing_was_written(small_config, tmp_path,
+                                                                   monkeypatch):
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_experiment", boom)
+    o = cli("run", small_config, "-o", tmp_path / "out")
+    assert o.rc == 130
+    msg = f"interrupted: the run did not finish; nothing was written to {tmp_path / 'out'}"
+    assert o.err_lines == [msg]
+    assert not (tmp_path / "out").exists()
+    no_partial_output(tmp_path, "out")
+
+
+def test_1_interrupt_swallowed_by_typer_still_exits_130(monkeypatch):
+    from servesim.costmodels import memory
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(memory, "plan_memory", boom)
+    monkeypatch.setattr("servesim.costmodels.plan_memory", boom)
+    o = cli("validate", CONFIG)
+    assert o.rc == 130 and o.err_lines == ["interrupted: nothing was written"]
+
+
+# 2. non-UTF-8 bytes: exit 1 "internal error: UnicodeDecodeError" -----------------------------
+
+
+def test_2_non_utf8_config(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_bytes(b"model:\n  name: \xff\xfe\n")
+    o = cli("validate", p)
+    assert o.rc == 2
+    check_contract(o, f"{p}:2", "UTF-8")
+
+
+def test_2_non_utf8_trace_row(tmp_path):
+    p = _trace(tmp_path, b"0,10,10\n1,\xff\xfe,3\n2,5,5\n")
+    o = cli("trace", "stats", p)
+    assert o.rc == 2
+    check_contract(o, f"{p}:3", "UTF-8")
+    o = cli("trace", "stats", p, "--skip-bad-rows", "--json")
+    assert o.rc == 0, o.err
+    s = json.loads(o.out)
+    assert (s["requests"], s["skipped_bad_rows"]) == (2, 1)
+
+
+# 3. truncated .gz: "aborted", exit 130; non-gzip .gz: exit 1 BadGzipFile --------------------
+
+
+def test_3_truncated_and_fake_gzip(tmp_path):
+    rows = b"".join(b"%d,10,5\n" % i for i in range(20000))
+    data = gzip.compress(b"arrival_s,prompt_len,output_len\n" + rows)
+    trunc = tmp_path / "trunc.csv.gz"
+    trunc.write_bytes(data[: len(data) // 2])
+    o = cli("trace", "stats", trunc)
+    assert o.rc == 2
+    check_contract(o, str(trunc), "truncated gzip")
+    fake = _trace(tmp_path, b"0,1,1\n", name="fake.csv.gz")
+    o = cli("trace", "stats", fake)
+    assert o.rc == 2
+    check_contract(o, str(fake), "not a valid gzip file")
+
+
+# 4. --seed -1 / 2**32 failed with exit 1 after the simulation had started ------------------
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_4_bad_seed_is_a_config_error_before_simulating(seed, small_config, tmp_path,
+                                                        monkeypatch):
+    calls = []
+    monkeypatch.setattr(runner, "run_experiment", lambda *a, **k: calls.append(1))
+    o = cli("run", small_config, "--seed", seed, "-o", tmp_path / "out")
+    assert o.rc == 2 and not calls
+    check_contract(o, str(small_config), "workload.seed")
+    o = cli("validate", small_config, "--set", f"workload.seed={seed}")
+    assert o.rc == 2
+    check_contract(o, "workload.seed")
+
+
+# 5. unwritable -o failed after simulating (results lost); trace convert into a new folder --
+
+
+@pytest.mark.parametrize("where", ["existing_file", "under_a_file"])
+def test_5_unwritable_output_fails_before_simulating(where, small_config, tmp_path,
+                                                     monkeypatch):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    out = f if where == "existing_file" else f / "run"
+    calls = []
+    monkeypatch.setattr(runner, "run_experiment", lambda *a, **k: calls.append(1))
+    o = cli("run", small_config, "-o", out)
+    assert o.rc == 2 and not calls
+    check_contract(o, str(out))
+    assert f.read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_5_read_only_folder(small_config, tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    calls = []
+    monkeypatch.setattr(runner, "run_experiment", lambda *a, **k: calls.append(1))
+    o = cli("run", small_config, "-o", ro / "run")
+    assert o.rc == 2 and not calls
+    check_contract(o, str(ro / "run"))
+
+
+def test_5_trace_convert_creates_missing_folder(tmp_path):
+    src = _trace(tmp_path, b"0,10,10\n1,5,3\n")
+    out = tmp_path / "new" / "sub" / "c.csv"
+    o = cli("trace", "convert", src, "-o", out)
+    assert o.rc == 0, o.err
+    assert [r.split(",")[:3] for r in out.read_text().splitlines()[1:]] == [
+        ["0.0", "10", "10"], ["1.0", "5", "3"]]
+
+
+# 6. -o onto an existing run overwrote silently, leaving the old report beside it -----------
+
+
+def test_6_existing_run_folder_is_refused_unless_overwrite(small_config, tmp_path):
+    out = tmp_path / "run"
+    assert cli("run", small_config, "-o", out, "-q").rc == 0
+    (out / "report.html").write_text("old report of 40 requests")
+    before = (out / "result.json").read_bytes()
+    o = cli("run", small_config, "-o", out, "--set", "workload.num_prompts=30")
+    assert o.rc == 2
+    check_contract(o, str(out), "--overwrite")
+    assert (out / "result.json").read_bytes() == before
+    o = cli("run", small_config, "-o", out, "--set", "workload.num_prompts=30", "--overwrite",
+            "-q")
+    assert o.rc == 0, o.err
+    assert sorted(x.name for x in out.iterdir()) == [
+        "config.resolved.yaml", "requests.csv", "result.json", "run_info.json",
+        "timeseries.csv"]  # the stale report went with the old run
+    assert json.loads((out / "result.json").read_text())["num_prompts"] == 30
+    no_partial_output(tmp_path, "run")
+
+
+# 7. trace convert t.csv -o t.csv replaced its own input -------------------------------------
+
+
+def test_7_convert_refuses_its_own_input(tmp_path):
+    src = _trace(tmp_path, b"0,10,10\n1,5,3\n")
+    before = src.read_bytes()
+    o = cli("trace", "convert", src, "-o", src)
+    assert o.rc == 2
+    check_contract(o, str(src), "input")
+    assert src.read_bytes() == before
+
+
+# 8. errors echoed the whole value: alias bombs hung, a 200,000-element list gave 1.5 MB ----
+
+
+def test_8_huge_value_gives_a_short_error(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text("workload:\n  num_prompts: " + str(list(range(200_000))) + "\n")
+    o = cli("validate", p)
+    assert o.rc == 2
+    check_contract(o, str(p), "workload.num_prompts")
+    assert len(o.err) < 300
+
+
+def test_8_yaml_alias_bomb_is_refused(tmp_path):
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 9):
+        prev, cur = chr(96 + i), chr(97 + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    p = tmp_path / "bomb.yaml"
+    p.write_text("\n".join(lines) + "\nworkload:\n  num_prompts: *i\n")
+    o = cli("validate", p)
+    assert o.rc == 2
+    check_contract(o, str(p), "alias")
+
+
+# 9. compare SIM other.json (no metric keys) exited 0 with "nan%" ---------------------------
+
+
+def test_9_compare_without_metrics(small_config, tmp_path):
+    run = tmp_path / "run"
+    assert cli("run", small_config, "-o", run, "-q").rc == 0
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"date": "x", "num_prompts": 3}))
+    o = cli("compare", run, other)
+    assert o.rc == 2
+    check_contract(o, str(other), "metric")
+
+
+# 10. empty YAML ran all defaults; duplicate keys: the last won silently ----------------------
+
+
+def test_10_empty_yaml_and_duplicate_keys(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n")
+    o = cli("validate", empty)
+    assert o.rc == 2
+    check_contract(o, str(empty), "empty config")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("workload:\n  num_prompts: 5\n  request_rate: 2\n  num_prompts: 7\n")
+    o = cli("validate", dup)
+    assert o.rc == 2
+    check_contract(o, f"{dup}:4", "num_prompts", "line 2")
+
+
+# 13. messages ------------------------------------------------------------------------------
+
+
+def test_13_errors_after_resolution_name_the_file(small_config, tmp_path):
+    o = cli("validate", small_config, "--set", "parallel.tensor_parallel_size=3")
+    assert o.rc == 2
+    check_contract(o, str(small_config), "parallel.tensor_parallel_size")
+    o = cli("run", small_config, "--set", "cache.gpu_memory_utilization=0.05", "-o",
+            tmp_path / "out")  # a CapacityError raised while setting up the run
+    assert o.rc == 2
+    check_contract(o, str(small_config), "memory")
+
+
+def test_13_calibrate_note_is_a_whole_sentence():
+    from servesim.kernels.calibrate import build_plan
+
+    notes = [n for n in build_plan("h100-sxm", quick=True).notes if "MLA" in n]
+    assert notes and notes[0].endswith("calibrated like every model's")
+
+
+def test_13_warning_printed_once_per_run_across_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    monkeypatch.setattr(warnings, "filters", warnings.filters[:])
+    monkeypatch.delenv("SERVESIM_WARNINGS", raising=False)
+    path = install_cli_warnings(quiet=False)
+    try:
+        err = []
+        monkeypatch.setattr(sys, "stderr", type("S", (), {"write": err.append})())
+        warnings.warn("no calibration file for x", stacklevel=1)
+        warnings.warn("no calibration file for x", stacklevel=1)
+        assert err == ["warning: no calibration file for x\n"]
+        code = ("import warnings, servesim.simulator.errors\n"
+                "warnings.warn('no calibration file for x')\n"
+                "warnings.warn('another one\\n  on two lines')\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ), check=True)
+        assert r.stderr == "warning: another one on two lines\n"  # the first was seen here
+    finally:
+        os.unlink(path)
+
+
+def _measured_copy(run, tmp_path):
+    d = json.loads((run / "result.json").read_text())
+    d.pop("simulated")
+    p = tmp_path / "measured.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_13_tables_keep_every_column_when_piped(small_config, tmp_path):
+    run = tmp_path / "run"
+    assert cli("run", small_config, "-o", run, "-q").rc == 0
+    o = cli("compare", run, _measured_copy(run, tmp_path))  # not a terminal: printed at full width
+    assert o.rc == 0, o.err
+    assert "…" not in o.out
+    for col in ("metric", "sim", "measured", "abs error", "rel error %", "status"):
+        assert col in o.out
+    assert "mean_ttft_ms" in o.out and "median_e2el_ms" in o.out
+
+
+def test_13_every_table_command_has_json(small_config, tmp_path):
+    run = tmp_path / "run"
+    o = cli("run", small_config, "-o", run, "--json")
+    assert o.rc == 0 and json.loads(o.out)["num_prompts"] == 40
+    o = cli("compare", run, _measured_copy(run, tmp_path), "--json")
+    assert o.rc == 0 and json.loads(o.out)["mean_abs_rel_error_pct"] == 0.0
+    o = cli("estimate", small_config, "--batch-size", "4", "--context", "100", "--json")
+    assert o.rc == 0 and json.loads(o.out)
