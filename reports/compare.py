@@ -47,9 +47,6 @@ def load_result(path: str | Path) -> dict:
         d = d[-1]
     if not isinstance(d, dict):
         raise ServesimError(f"{p}: expected a JSON object with vllm bench keys")
-    if not any(math.isfinite(_num(d.get(k))) for k in COMPARE_METRICS):
-        raise ServesimError(f"{p}: no vllm bench metric keys (expected some of "
-                            f"{', '.join(COMPARE_METRICS[:3])}, ...)")
     d = dict(d)
     d["_file"] = str(p)
     return d
@@ -136,7 +133,14 @@ def compare_files(paths: list[str | Path]) -> list[dict]:
         sims, meas = docs[:1], docs[1:]
     rows = []
     for s, m in pair_results(sims, meas):
-        rows.extend(compare_pair(s, m))
+        pair = compare_pair(s, m)
+        if not any(r["status"] == "ok" for r in pair):  # nothing comparable: say which file
+            bare = [d["_file"] for d in (m, s)
+                    if not any(math.isfinite(_num(d.get(k))) for k in COMPARE_METRICS)]
+            raise ServesimError(
+                f"{bare[0] if bare else m['_file']}: no vllm bench metric keys in common "
+                f"(expected some of {', '.join(COMPARE_METRICS[:3])}, ...)")
+        rows.extend(pair)
     return rows
 
 

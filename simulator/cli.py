@@ -67,8 +67,10 @@ _register_all()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point. Exit codes: 0 success; 2 a user error (bad input, usage), printed
     as one line on stderr; 130 interrupted (one line saying what was kept); 1 an internal
-    error (one line; ``--debug`` shows the traceback)."""
-    sys.exit(run_cli(argv))
+    error (one line; ``--debug`` shows the traceback). Returns normally on success."""
+    rc = run_cli(argv)
+    if rc:
+        sys.exit(rc)
 
 
 def run_cli(argv: list[str] | None = None) -> int:
@@ -131,3 +133,7 @@ def _one_line(e: object) -> str:
     from servesim.simulator.errors import one_line
 
     return one_line(e, 500)
+
+
+if __name__ == "__main__":  # python -m servesim.simulator.cli
+    main()
