@@ -20,8 +20,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write DIR/report.md (+ PNG figures) and a self-contained DIR/report.html."""
         from servesim.reports.render import write_report
+        from servesim.simulator.progress import phase
 
-        md, html = write_report(results)
+        with phase("writing the report"):
+            md, html = write_report(results)
         typer.echo(f"wrote {md} and {html}")
 
     @app.command("compare")

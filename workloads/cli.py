@@ -171,8 +171,16 @@ def convert_cmd(
         cols = CANONICAL_COLUMNS
     if fmt == "vllm_result":
         cols = cols + ["request_id"]
+    from servesim.simulator.progress import phase
+
+    def ticking(reqs, tick):
+        for k, r in enumerate(reqs, 1):
+            tick(k)
+            yield r
+
     try:
-        n = write_canonical(wl, out, cols)
+        with phase(f"converting {file}") as tick:
+            n = write_canonical(ticking(wl, tick), out, cols)
     except KeyboardInterrupt:
         raise Interrupted(f"nothing was written to {out}") from None
     skipped = wl.meta.get("skipped_bad_rows", 0)

@@ -303,3 +303,4 @@ def test_13_every_table_command_has_json(small_config, tmp_path):
     assert o.rc == 0 and json.loads(o.out)["mean_abs_rel_error_pct"] == 0.0
     o = cli("estimate", small_config, "--batch-size", "4", "--context", "100", "--json")
     assert o.rc == 0 and json.loads(o.out)
+
