@@ -149,6 +149,22 @@ def write_result(f, bench: dict) -> None:
 _SEP = (", ", ": ")
 
 
+def make_parent(path: Path) -> Path:
+    """Create the folder ``path`` goes in (a one-line error naming ``path`` when an ancestor
+    is a file or it cannot be created); returns it."""
+    parent = Path(path).absolute().parent
+    for q in (parent, *parent.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise ServesimError(f"{path}: {q} is a file, not a folder")
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot create its folder: {e.strerror or e}") from None
+    return parent
+
+
 class OutputDir:
     """An output folder that appears complete or not at all.
 
@@ -167,14 +183,8 @@ class OutputDir:
         if p.is_dir() and not overwrite and any(p.iterdir()):
             raise ServesimError(f"{p}: {what} folder is not empty; pass --overwrite to "
                                 "replace it, or choose another folder")
-        parent = p.absolute().parent
-        for q in (parent, *parent.parents):
-            if q.exists():
-                if not q.is_dir():
-                    raise ServesimError(f"{p}: {q} is a file, not a folder")
-                break
+        parent = make_parent(p)
         try:
-            parent.mkdir(parents=True, exist_ok=True)
             self.staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.partial-"))
         except OSError as e:
             raise ServesimError(f"{p}: cannot write the {what} folder here: "

@@ -15,8 +15,6 @@ stream them (``RunResult.iter_requests``); latency percentiles then come from a
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -405,8 +403,3 @@ class RunResult:
         if self.request_log is not None:
             self.request_log.close()
 
-
-def remove_tree(path: str | Path) -> None:
-    """``rm -rf`` that ignores a missing path."""
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)

@@ -117,6 +117,7 @@ def write_canonical(reqs, out: Path, columns: list[str] | None = None) -> int:
 def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
     """Refuse, before any work, an output that is an input, a folder, an existing file
     (unless ``overwrite``), or in a folder that cannot be created or written."""
+    from servesim.reports.writers import make_parent
     from servesim.simulator.errors import ServesimError
 
     for i in inputs:
@@ -127,14 +128,8 @@ def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
         raise ServesimError(f"{out}: is a folder; expected a file name")
     if out.exists() and not overwrite:
         raise ServesimError(f"{out}: exists; pass --overwrite to replace it")
-    parent = out.absolute().parent
-    for q in (parent, *parent.parents):
-        if q.exists():
-            if not q.is_dir():
-                raise ServesimError(f"{out}: {q} is a file, not a folder")
-            break
+    parent = make_parent(out)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".probe")
         os.close(fd)
         os.unlink(probe)
