@@ -11,6 +11,7 @@ and exits with code 2; ``--debug`` (anywhere on the line) shows the traceback in
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import warnings
 from importlib import metadata
@@ -87,6 +88,7 @@ def run_cli(argv: list[str] | None = None) -> int:
     saved = warnings.showwarning, warnings.filters[:], os.environ.get("SERVESIM_WARNINGS")
     warned = install_cli_warnings(quiet)
     old_reporter = progress.set_reporter(None if quiet else progress.BarReporter())
+    old_term = _sigterm_as_interrupt()
     try:
         rc = app(args=args, prog_name="simulate", standalone_mode=False)
     except Interrupted as e:
@@ -115,6 +117,8 @@ def run_cli(argv: list[str] | None = None) -> int:
                    "for details)", err=True)
         return 1
     finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
         progress.set_reporter(old_reporter)
         warnings.showwarning, warnings.filters[:] = saved[0], saved[1]
         if saved[2] is None:
@@ -127,6 +131,18 @@ def run_cli(argv: list[str] | None = None) -> int:
     if rc == 130:  # typer turns Ctrl-C into a returned 130
         typer.echo("interrupted: nothing was written", err=True)
     return rc if isinstance(rc, int) else 0
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM → KeyboardInterrupt (same clean-up and exit 130 as Ctrl-C); returns the old
+    handler, or None off the main thread (where signals cannot be set)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
 
 
 def _one_line(e: object) -> str:

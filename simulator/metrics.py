@@ -156,7 +156,8 @@ class RequestLog:
 
     def _write(self, k: int, chunk: dict[str, np.ndarray]) -> None:
         num = np.stack([np.asarray(chunk[f], dtype=float) for f in RAW_FIELDS], axis=1)
-        np.save(self._dir / f"{k}.num.npy", num)
+        np.save(self._dir / f"{k}.num.npy", num)  # rows contiguous: a window is one slice
+        np.save(self._dir / f"{k}.index.npy", np.asarray(chunk["index"], dtype=float))
         for s in RAW_STRINGS:
             np.save(self._dir / f"{k}.{s}.npy", np.asarray(chunk[s]).astype(str))
 
@@ -166,10 +167,15 @@ class RequestLog:
             c = self._mem[k]
             a, b = np.searchsorted(c["index"], [lo_index, hi_index])
             return {f: v[a:b] for f, v in c.items()}
+        idx = np.load(self._dir / f"{k}.index.npy", mmap_mode="r")
+        a, b = np.searchsorted(idx, [lo_index, hi_index])  # touches O(log n) pages
+        del idx
+        if b <= a:
+            return _empty_raw()
         num = np.load(self._dir / f"{k}.num.npy", mmap_mode="r")
-        a, b = np.searchsorted(num[:, 0], [lo_index, hi_index])
-        out = {f: np.array(num[a:b, i]) for i, f in enumerate(RAW_FIELDS)}
+        rows = np.array(num[a:b])
         del num  # unmap: pages read stay out of the resident set
+        out = {f: rows[:, i] for i, f in enumerate(RAW_FIELDS)}
         for s in RAW_STRINGS:
             col = np.load(self._dir / f"{k}.{s}.npy", mmap_mode="r")
             out[s] = np.array(col[a:b]).astype(object)

@@ -62,7 +62,8 @@ def run(
         bench = write_run(result, out)
     except KeyboardInterrupt:
         out.discard()
-        raise Interrupted(f"the run did not finish; nothing was written to {outdir}") from None
+        raise Interrupted(f"nothing was written to {outdir} (a run folder appears only when "
+                          "complete)") from None
     finally:
         out.discard()
         if result is not None:

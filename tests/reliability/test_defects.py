@@ -33,7 +33,8 @@ def test_1_interrupted_run_exits_130_and_says_nothing_was_written(small_config, 
     monkeypatch.setattr(runner, "run_experiment", boom)
     o = cli("run", small_config, "-o", tmp_path / "out")
     assert o.rc == 130
-    msg = f"interrupted: the run did not finish; nothing was written to {tmp_path / 'out'}"
+    msg = (f"interrupted: nothing was written to {tmp_path / 'out'} (a run folder appears only "
+           "when complete)")
     assert o.err_lines == [msg]
     assert not (tmp_path / "out").exists()
     no_partial_output(tmp_path, "out")
