@@ -251,8 +251,9 @@ class Replica:
 
 
 class Parked:
-    """Requests sent to a single FCFS engine whose waiting queue is already long, kept in
-    compact columns (~40 bytes each) instead of as ``Request`` objects (~2 KB), in send order.
+    """A FIFO of request specs in compact columns (~40 bytes each instead of ~0.5 KB for a
+    ``RequestSpec``, ~2 KB for a ``Request``): the client's queue under ``max_concurrency``,
+    and requests sent to a single FCFS engine whose waiting queue is already long.
 
     Exact for vLLM's FCFS scheduler with chunked prefill: a step admits at most
     ``max_num_seqs`` requests from the head of the waiting queue and never looks further, so
@@ -341,7 +342,7 @@ class Client:
         self.in_flight = 0
         self.num_sent = 0
         self.num_done = 0
-        self._queue: deque[RequestSpec] = deque()  # client-side queue under max_concurrency
+        self._queue = Parked()  # client-side queue under max_concurrency (compact, FIFO)
         self._children: dict[str, list[RequestSpec]] = {}
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
         self._rr = 0
@@ -376,7 +377,7 @@ class Client:
 
     def _offer(self, spec: RequestSpec) -> None:
         if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
-            self._queue.append(spec)
+            self._queue.push(spec, float("nan"))
         else:
             self._send(spec)
 
@@ -435,9 +436,9 @@ class Client:
     def on_finish(self, req: Request) -> None:
         self.in_flight -= 1
         self._end(req)
-        while self._queue and (self.max_concurrency is None
-                               or self.in_flight < self.max_concurrency):
-            self._send(self._queue.popleft())
+        while len(self._queue) and (self.max_concurrency is None
+                                    or self.in_flight < self.max_concurrency):
+            self._send(self._queue.pop()[0])
 
     def finalize(self) -> None:
         """After the event loop drains: record whatever never ended (still in an engine, in
@@ -450,12 +451,12 @@ class Client:
         for req in sorted(self._live.values(), key=lambda r: r.index):
             req.error = req.error or "still in flight when the simulation ended"
             self._end(req)
-        pending = list(self._queue) + [s for kids in self._children.values() for s in kids]
+        pending = [self._queue.pop()[0] for _ in range(len(self._queue))]
+        pending += [s for kids in self._children.values() for s in kids]
         for spec in pending:
             req = Request(spec, spec.extra["_index"], self.max_model_len, float("nan"))
             req.error = "never sent: the simulation ended first"
             self._end(req)
-        self._queue.clear()
         self._children.clear()
 
     def _end(self, req: Request) -> None:

@@ -20,6 +20,7 @@ CASES = {
     "pipeline": ["parallel.pipeline_parallel_size=2"],
     "concurrency_prefix": ["workload.max_concurrency=700", "workload.prefix_len=512"],
     "small_seqs": ["scheduler.max_num_seqs=8"],
+    "client_queue": ["workload.max_concurrency=40"],
 }
 
 
