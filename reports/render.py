@@ -89,6 +89,7 @@ def html_table(df: pd.DataFrame) -> str:
 def to_markdown(rep: Report, outdir: Path) -> str:
     """Markdown text; writes each figure as ``fig_<name>.png`` into ``outdir``."""
     from servesim.reports.figures import Figure
+    from servesim.reports.writers import atomic_write_text
 
     out = [f"# {rep.title}", "", rep.summary, ""]
     for sec in rep.sections:
@@ -96,7 +97,7 @@ def to_markdown(rep: Report, outdir: Path) -> str:
         for it in sec.items:
             if isinstance(it, Figure):
                 fn = f"fig_{it.name}.png"
-                (outdir / fn).write_bytes(it.png)
+                atomic_write_text(outdir / fn, it.png)
                 out += [f"![{it.title}]({fn})", "", f"*{it.title}.* {it.caption}", ""]
             elif isinstance(it, Table):
                 if it.caption:
@@ -186,10 +187,12 @@ def write_report(d: str | Path) -> tuple[Path, Path]:
     """Write ``report.md`` (+ ``fig_*.png``) and ``report.html`` into ``d``."""
     d = Path(d)
     rep = build_report(d)
+    from servesim.reports.writers import atomic_write_text
+
     md = d / "report.md"
-    md.write_text(to_markdown(rep, d))
+    atomic_write_text(md, to_markdown(rep, d))
     hp = d / "report.html"
-    hp.write_text(to_html(rep))
+    atomic_write_text(hp, to_html(rep))
     return md, hp
 
 

@@ -40,13 +40,15 @@ TIMESERIES_FILE = "timeseries.csv"
 CONFIG_FILE = "config.resolved.yaml"
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8, ``\\n`` line ends) to ``path`` via a temp file + ``os.replace``."""
+def atomic_write_text(path: str | Path, text: str | bytes) -> None:
+    """Write ``text`` (UTF-8, ``\\n`` line ends; or bytes as they are) to ``path`` via a temp
+    file + ``os.replace``: readers see the old file or the new one, never half of it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
