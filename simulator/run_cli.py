@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def run(
     or not at all; Ctrl-C leaves it as it was."""
     from rich.console import Console
     from servesim.reports import print_summary, write_run
-    from servesim.reports.writers import OutputDir
+    from servesim.reports.writers import OutputDir, write_result
     from servesim.simulator.errors import Interrupted, in_file
     from servesim.simulator.runner import run_experiment
 
@@ -55,24 +56,24 @@ def run(
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     outdir = output_dir or Path("results") / f"{Path(config).stem}-{stamp}"
     out = OutputDir(outdir, overwrite=overwrite, what="run")
-    result = None
+    result = bench = None
     try:
         with in_file(config):
             result = run_experiment(cfg, resolved=True, spool_dir=str(out.staging.parent))
         bench = write_run(result, out)
+        if as_json:  # streamed window by window (per-request lists of a large run)
+            write_result(sys.stdout, bench)
+            return
     except KeyboardInterrupt:
         out.discard()
+        if bench is not None:
+            raise Interrupted(f"the run was written to {outdir}") from None
         raise Interrupted(f"nothing was written to {outdir} (a run folder appears only when "
                           "complete)") from None
     finally:
         out.discard()
         if result is not None:
             result.close()
-    if as_json:
-        from servesim.reports.writers import dumps_result
-
-        typer.echo(dumps_result(bench), nl=False)
-        return
     if not quiet:
         console = Console()
         print_summary(bench, console)

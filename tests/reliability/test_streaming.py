@@ -140,3 +140,22 @@ def test_distribution_sketch_accuracy():
     for q in (0.0, 0.5, 0.9, 0.99, 1.0):
         exact = s[math.floor(q * (len(s) - 1))]
         assert abs(d.quantile(q) - exact) <= d.relative_accuracy * exact * (1 + 1e-9), q
+
+
+def test_streamed_run_through_the_cli(monkeypatch, tmp_path):
+    """``simulate run --json`` on a spilled run: the folder and the printed JSON are complete,
+    the per-request lists are streamed, and the spool beside the folder is gone."""
+    from .cli_harness import cli, no_partial_output
+
+    monkeypatch.setattr(metrics, "CHUNK_ROWS", 256)
+    monkeypatch.setattr(metrics, "EXACT_REQUESTS", 500)
+    monkeypatch.setattr(metrics, "EXACT_SAMPLES", 600)
+    o = cli("run", CONFIG, "--set", "workload.num_prompts=1500", "--set",
+            "workload.request_rate=60", "-o", tmp_path / "run", "--json")
+    assert o.rc == 0, o.err
+    printed = json.loads(o.out)
+    written = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert len(printed["latencies"]) == len(written["latencies"]) == 1500
+    assert printed["latencies"] == written["latencies"]
+    assert written["approximate_percentiles"]["method"] == "ddsketch"
+    no_partial_output(tmp_path, "run")
