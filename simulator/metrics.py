@@ -148,7 +148,7 @@ class RequestLog:
         parent = self._spool_parent
         if parent is not None:
             Path(parent).mkdir(parents=True, exist_ok=True)
-        self._tmp = tempfile.TemporaryDirectory(prefix="servesim-requests-", dir=parent)
+        self._tmp = tempfile.TemporaryDirectory(prefix=".servesim-requests-", dir=parent)
         self._dir = Path(self._tmp.name)
         for k, chunk in enumerate(self._mem):
             self._write(k, chunk)
