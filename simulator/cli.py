@@ -87,7 +87,8 @@ def run_cli(argv: list[str] | None = None) -> int:
     quiet = "--quiet" in args or "-q" in args
     saved = warnings.showwarning, warnings.filters[:], os.environ.get("SERVESIM_WARNINGS")
     warned = install_cli_warnings(quiet)
-    old_reporter = progress.set_reporter(None if quiet else progress.BarReporter())
+    show = not quiet and sys.stderr.isatty()  # bars are for people, not for logs or pipes
+    old_reporter = progress.set_reporter(progress.BarReporter() if show else None)
     old_term = _sigterm_as_interrupt()
     try:
         rc = app(args=args, prog_name="simulate", standalone_mode=False)

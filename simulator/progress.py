@@ -3,7 +3,7 @@
 ``with phase("simulating", total) as tick: ... tick(done)`` costs one function call per tick
 when nobody listens. The ``simulate`` CLI installs :class:`BarReporter`, which draws a rich
 progress bar on stderr for every phase still running after :data:`SHOW_AFTER_S` seconds
-(none under ``--quiet``).
+(when stderr is a terminal; none under ``--quiet``).
 """
 
 from __future__ import annotations
