@@ -1,0 +1,443 @@
+"""Cost and memory model by value: every op's FLOPs, bytes and seconds, and num_gpu_blocks,
+recomputed here from the models' config.json numbers and the GPUs' spec sheets with the
+formulas documented in ``costmodels/step.py`` and ``costmodels/memory.py`` (never by calling
+the code under test for an expected value).
+
+Roofline with the documented default efficiencies (``hardware.calibration: none``):
+
+    op seconds = max(flops / (peak · eff_c), bytes / (bw · eff_m)) + kernels · 2 µs
+
+GEMM per layer: flops 2·T·n·k, bytes n·k·w + T·(n + k)·2 (bf16 activations; w = 2 bf16,
+1 fp8); elementwise ops are memory-bound at 70% of HBM; step = max(Σ GPU ops, CPU launch
+time) + host (126 µs + 4 µs/request + 0.02 µs/token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from cmutil import decode, make_cfg, prefill
+from servesim.costmodels import BatchShape, build_cost_model, plan_memory
+
+GIB = 2**30
+KFIX = 2e-6  # kernel_fixed_s
+# default efficiencies (compute, memory)
+GEMM = (0.75, 0.80)
+GROUPED = (0.60, 0.75)
+ATT_PRE = (0.55, 0.70)
+ATT_DEC = (0.50, 0.70)
+EW = 0.70
+# host priors
+PER_STEP, PER_REQ, PER_TOK = 126e-6, 4e-6, 2e-8
+LAUNCH, GRAPH_LAUNCH = 5e-6, 10e-6
+
+A100 = {"peak": 312e12, "bw": 2039e9, "link_bw": 300e9, "lat": 3e-6, "mem": 79.15}
+H100 = {"peak": 989.4e12, "fp8": 1978.9e12, "bw": 3350e9, "link_bw": 450e9, "lat": 3e-6,
+        "mem": 79.11}
+L40S = {"peak": 362.05e12, "bw": 864e9, "link_bw": 32e9, "lat": 10e-6}
+
+# Llama-3.1-8B config.json
+L8 = {"h": 4096, "L": 32, "nh": 32, "nkv": 8, "hd": 128, "I": 14336, "V": 128256}
+# Llama-3.1-70B
+L70 = {"h": 8192, "L": 80, "nh": 64, "nkv": 8, "hd": 128, "I": 28672, "V": 128256}
+# Mixtral-8x7B: 8 experts, top-2, expert intermediate 14336, vocab 32000
+MIX = {"h": 4096, "L": 32, "nh": 32, "nkv": 8, "hd": 128, "I": 14336, "V": 32000, "E": 8,
+       "k": 2}
+
+
+def model(*overrides):
+    return build_cost_model(make_cfg("hardware.calibration=none", *overrides))
+
+
+def ops(m, batch):
+    return {o.name: o for o in m.step_time(batch).breakdown}
+
+
+def roof(flops, nbytes, peak, bw, eff):
+    return max(flops / (peak * eff[0]) if flops else 0.0, nbytes / (bw * eff[1]))
+
+
+def gemm(T, n, k, hw, layers, wbytes=2, peak=None, kernels=1):
+    """(flops, bytes, seconds) of a dense linear over its layers."""
+    f = 2.0 * T * n * k
+    b = n * k * wbytes + T * (n + k) * 2
+    s = roof(f, b, peak or hw["peak"], hw["bw"], GEMM) + kernels * KFIX
+    return f * layers, b * layers, s * layers
+
+
+def elementwise(nbytes, count, hw, kernels=1):
+    return nbytes * count, (nbytes / (hw["bw"] * EW) + kernels * KFIX) * count
+
+
+def check(op, flops, nbytes, seconds, count=None):
+    assert op.flops == pytest.approx(flops, rel=1e-12), op.name
+    assert op.bytes == pytest.approx(nbytes, rel=1e-12), op.name
+    assert op.seconds == pytest.approx(seconds, rel=1e-12), op.name
+    if count is not None:
+        assert op.count == count, op.name
+
+
+def dense_llama(m, T, hw, cfg, tp=1):
+    """Expected per-op (flops, bytes, seconds) of the token-count-dependent ops."""
+    h, L, hd = cfg["h"], cfg["L"], cfg["hd"]
+    nh, kvh = cfg["nh"] // tp, max(1, cfg["nkv"] // tp)
+    i_r = -(-cfg["I"] // tp)
+    want = {
+        "embed_tokens": (0.0, *elementwise(2 * T * h * 2, 1, hw)),
+        "input_layernorm": (0.0, *elementwise(4 * T * h * 2, 2 * L + 1, hw)),
+        "qkv_proj": gemm(T, (nh + 2 * kvh) * hd, h, hw, L),
+        "rotary_emb": (0.0, *elementwise(2 * T * (nh + kvh) * hd * 2, L, hw)),
+        "o_proj": gemm(T, h, nh * hd, hw, L),
+        "gate_up_proj": gemm(T, 2 * i_r, h, hw, L),
+        "act_fn": (0.0, *elementwise(3 * T * i_r * 2, L, hw)),
+        "down_proj": gemm(T, h, i_r, hw, L),
+    }
+    return want
+
+
+def head(s, hw, cfg, tp=1):
+    V, h = cfg["V"], cfg["h"]
+    v_r = -(-V // tp)
+    lm = gemm(s, v_r, h, hw, 1)
+    sampler = (0.0, *elementwise(4 * s * V * 4, 1, hw, kernels=8))
+    return lm, sampler
+
+
+# ---------------------------------------------------------------------------------------------
+# dense GQA: Llama-3.1-8B on A100, TP = 1
+
+
+@pytest.fixture(scope="module")
+def m8():
+    return model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb")
+
+
+@pytest.mark.parametrize("nd,ctx", [(8, 1000), (5, 3000)])
+def test_llama8b_decode_step_by_value(m8, nd, ctx):
+    """A decode-only batch: FULL CUDA graph, padded to the next capture size (5 → 8)."""
+    hw, c = A100, L8
+    T = 8  # capture sizes 1, 2, 4, 8, ...
+    b = decode(nd, ctx)
+    got = ops(m8, b)
+    gpu = 0.0
+    for name, (f, by, s) in dense_llama(m8, T, hw, c).items():
+        check(got[name], f, by, s)
+        gpu += s
+    # decode attention, all layers: 4·nh·hd FLOPs and 2·nkv·hd·2 KV bytes per context token;
+    # per row q/o (2·nh·hd·2 B) + its own KV write; + 2 kernels per layer
+    L, kv_tok = c["L"], 2 * c["nkv"] * c["hd"] * 2
+    csum = nd * ctx
+    f_att = L * csum * 4 * c["nh"] * c["hd"]
+    b_att = L * (csum * kv_tok + nd * (2 * c["nh"] * c["hd"] * 2 + kv_tok))
+    s_att = max(f_att / (hw["peak"] * ATT_DEC[0]), b_att / (hw["bw"] * ATT_DEC[1])) \
+        + L * 2 * KFIX
+    check(got["attn"], f_att, b_att, s_att)
+    gpu += s_att
+    lm, sampler = head(nd, hw, c)  # LM head on the sampled rows only (not padded)
+    check(got["lm_head"], *lm)
+    check(got["sampler"], *sampler)
+    gpu += lm[2] + sampler[2]
+    launch = GRAPH_LAUNCH + 9 * LAUNCH  # one graph replay + LM head and 8 sampler kernels
+    host = PER_STEP + PER_REQ * nd + PER_TOK * nd
+    want = max(gpu, launch) + host
+    assert m8.step_seconds(b) == pytest.approx(want, rel=1e-12)
+    st = m8.step_time(b)
+    assert (st.cudagraph, st.padded_batch) == ("FULL", 8)
+    assert sum(o.seconds for o in st.breakdown) == pytest.approx(want, rel=1e-12)
+
+
+def test_llama8b_prefill_chunk_by_value(m8):
+    """A 512-token chunk after 1024 cached tokens: PIECEWISE graph (512 is a capture size)."""
+    hw, c = A100, L8
+    C, P = 512, 1024
+    b = prefill(C, P)
+    got = ops(m8, b)
+    gpu = 0.0
+    for name, (f, by, s) in dense_llama(m8, C, hw, c).items():
+        check(got[name], f, by, s)
+        gpu += s
+    L, kv_tok = c["L"], 2 * c["nkv"] * c["hd"] * 2
+    pairs = C * P + C * (C + 1) / 2  # causal (query, key) pairs
+    f_att = L * pairs * 4 * c["nh"] * c["hd"]
+    b_att = L * ((P + C) * kv_tok + C * (2 * c["nh"] * c["hd"] * 2 + kv_tok))
+    s_att = max(f_att / (hw["peak"] * ATT_PRE[0]), b_att / (hw["bw"] * ATT_PRE[1])) \
+        + L * 2 * KFIX
+    check(got["attn"], f_att, b_att, s_att)
+    assert got["attn"].bound == "compute"
+    gpu += s_att
+    lm, sampler = head(1, hw, c)
+    gpu += lm[2] + sampler[2]
+    # piecewise: L + 1 graph pieces, attention (2 kernels per layer) launched eagerly
+    launch = (L + 1) * GRAPH_LAUNCH + L * 2 * LAUNCH + 9 * LAUNCH
+    want = max(gpu, launch) + PER_STEP + PER_REQ + PER_TOK * C
+    assert m8.step_seconds(b) == pytest.approx(want, rel=1e-12)
+    assert m8.step_time(b).cudagraph == "PIECEWISE"
+
+
+def test_llama8b_eager_above_largest_graph(m8):
+    """600 tokens (> 512, the largest capture size): eager, one CPU launch per kernel:
+    per layer 2 norms + rope + 2 attention + 4 GEMMs + act = 10, + embedding + final norm."""
+    b = prefill(600)
+    st = m8.step_time(b)
+    assert (st.cudagraph, st.padded_batch) == ("NONE", 600)
+    n_launch = 32 * 10 + 2 + 9
+    assert ops(m8, b)["kernel_launch"].count == n_launch
+    gpu = sum(o.seconds for o in st.breakdown if o.name not in ("kernel_launch", "host"))
+    assert st.seconds == pytest.approx(max(gpu, n_launch * LAUNCH) + PER_STEP + PER_REQ
+                                       + PER_TOK * 600, rel=1e-12)
+
+
+def test_async_scheduling_by_value():
+    m = model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+              "scheduler.async_scheduling=true")
+    b = decode(16, 500)
+    st = m.step_time(b)
+    host = PER_STEP + 16 * PER_REQ + 16 * PER_TOK
+    assert st.host_seconds == pytest.approx(host, rel=1e-12)
+    assert st.seconds == pytest.approx(max(st.gpu_seconds, host) + 20e-6, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE: Mixtral-8x7B, top-2 of 8 experts, TP = 2 on H100
+
+
+@pytest.fixture(scope="module")
+def mix():
+    return model("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+                 "parallel.tensor_parallel_size=2")
+
+
+@pytest.mark.parametrize("T", [1, 3, 256])
+def test_mixtral_experts_scale_with_top_k(mix, T):
+    """Routed experts (w13 then w2, all 32 layers): FLOPs 2·(T·top_k)·n·k — every token runs
+    top_k experts; weight bytes of the E·(1 − (1 − k/E)^T) experts hit; grouped-GEMM
+    efficiencies; 3 of the 6 fused-MoE kernels per linear."""
+    hw, c = H100, MIX
+    E, k, L, h = c["E"], c["k"], c["L"], c["h"]
+    b0 = decode(T, 100) if T <= 8 else prefill(T)
+    Tp = {3: 4}.get(T, T)  # a decode batch of 3 is padded to the capture size 4
+    act = E * (1 - (1 - k / E) ** Tp)
+    rows = Tp * k
+    f = b = s = 0.0
+    for n, kk in ((2 * c["I"] // 2, h), (h, c["I"] // 2)):  # w13 column-, w2 row-sharded
+        fl = 2.0 * rows * n * kk
+        by = act * n * kk * 2 + rows * (n + kk) * 2
+        f += fl * L
+        b += by * L
+        s += (roof(fl, by, hw["peak"], hw["bw"], GROUPED) + 3 * KFIX) * L
+    check(ops(mix, b0)["experts"], f, b, s, count=L)
+    # the router: a replicated bf16 GEMM h → E with 2 kernels (gate + top-k)
+    check(ops(mix, b0)["router"], *gemm(Tp, E, h, hw, L, kernels=2))
+
+
+def test_mixtral_active_params_and_no_dense_mlp(mix):
+    o = ops(mix, decode(1, 10))
+    assert "gate_up_proj" not in o and "act_fn" not in o
+    # top-2 of 8: one token moves 2 experts' weights (w13 + w2 = 3·h·I per expert, /TP)
+    assert o["experts"].bytes == pytest.approx(
+        32 * (2 * 3 * 4096 * 14336 * 2 / 2 + 2 * (14336 + 4096 + 4096 + 7168) * 2), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# TP all-reduce: payload and algorithm
+
+
+def allreduce(T, h, p, hw, nvlink=True):
+    """Seconds per call: the cheapest of NCCL ring 2(p−1)·lat + 2(p−1)/p·B/bw and, over
+    NVLink for B ≤ 8 MiB, one-shot lat + (p−1)·B/bw and two-shot 2·lat + 2(p−1)/p·B/bw."""
+    B = T * h * 2
+    lat, bw = hw["lat"], hw["link_bw"]
+    algos = {"ring": 2 * (p - 1) * lat + 2 * (p - 1) / p * B / bw}
+    if nvlink and B <= 8 * 2**20:
+        algos["one-shot"] = lat + (p - 1) * B / bw
+        algos["two-shot"] = 2 * lat + 2 * (p - 1) / p * B / bw
+    name = min(algos, key=algos.get)
+    return B, algos[name], name
+
+
+@pytest.mark.parametrize("T,algo", [(8, "one-shot"), (512, "two-shot"), (1024, "ring")])
+def test_llama70b_tp4_all_reduce(T, algo):
+    """2 all-reduces per layer (after o_proj and down_proj) + 1 for the vocab-parallel
+    embedding, each of the full hidden state T·h·2 bytes."""
+    m = model("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
+              "parallel.tensor_parallel_size=4")
+    B, t, name = allreduce(T, 8192, 4, H100)
+    assert name == algo
+    b = decode(T, 100) if T <= 8 else prefill(T)
+    o = ops(m, b)["all_reduce"]
+    assert o.count == 2 * 80 + 1
+    assert o.bytes == 161 * B
+    assert o.seconds == pytest.approx(161 * t, rel=1e-12)
+    # and the sharded GEMMs: qkv keeps 64/4 query heads and 8/4 KV heads per rank
+    check(ops(m, b)["qkv_proj"], *gemm(T, (16 + 2 * 2) * 128, 8192, H100, 80))
+    check(ops(m, b)["down_proj"], *gemm(T, 8192, 28672 // 4, H100, 80))
+
+
+def test_all_reduce_without_nvlink_is_ring():
+    m = model("model.name=llama-3.1-8b", "hardware.name=l40s", "parallel.tensor_parallel_size=2")
+    B, t, name = allreduce(64, 4096, 2, L40S, nvlink=False)
+    assert name == "ring"
+    o = ops(m, decode(64, 100))["all_reduce"]
+    assert (o.count, o.bytes) == (65, 65 * B)
+    assert o.seconds == pytest.approx(65 * t, rel=1e-12)
+
+
+def test_tp_logits_gather_and_kv_head_replication():
+    """TP = 16 > 8 KV heads: each rank keeps one KV head (replicated); the LM head is
+    vocab-parallel and its logits are gathered: (tp − 1)·s·V/tp·2 bytes, lat + B/bw."""
+    m = model("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
+              "parallel.tensor_parallel_size=16")
+    o = ops(m, decode(4, 100))
+    check(o["qkv_proj"], *gemm(4, (4 + 2 * 1) * 128, 8192, H100, 80))
+    v_r = -(-128256 // 16)
+    lm = gemm(4, v_r, 8192, H100, 1)
+    g_bytes = 15 * 4 * v_r * 2
+    assert o["lm_head"].bytes == pytest.approx(lm[1] + g_bytes, rel=1e-12)
+    assert o["lm_head"].seconds == pytest.approx(lm[2] + 3e-6 + g_bytes / 450e9, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# PP, fp8 weights, fp8 KV
+
+
+def test_pipeline_parallel_handoff_and_full_depth():
+    """PP = 2: one batch's latency runs every layer (at TP-sharded cost) plus pp − 1 handoffs
+    of hidden + residual (2·T·h·2 bytes), lat + B/bw each."""
+    m1 = model("model.name=llama-3.1-8b", "hardware.name=h100-sxm")
+    m2 = model("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+               "parallel.pipeline_parallel_size=2")
+    b = prefill(256)
+    o1, o2 = ops(m1, b), ops(m2, b)
+    B = 2 * 256 * 4096 * 2
+    assert (o2["pp_send_recv"].count, o2["pp_send_recv"].bytes) == (1, B)
+    assert o2["pp_send_recv"].seconds == pytest.approx(3e-6 + B / 450e9, rel=1e-12)
+    for name in ("qkv_proj", "gate_up_proj", "attn"):
+        assert o2[name].seconds == o1[name].seconds and o2[name].count == 32
+    assert m2.step_seconds(b) == pytest.approx(m1.step_seconds(b) + 3e-6 + B / 450e9,
+                                               rel=1e-12)
+
+
+def test_fp8_weights_on_h100_by_value():
+    """W8A8 fp8: 1 byte per weight, bf16 activations, the fp8 tensor rate; the LM head and
+    the KV cache stay bf16."""
+    m = model("model.name=llama-3.1-8b", "hardware.name=h100-sxm", "model.quantization=fp8")
+    for T, b in ((1, decode(1, 100)), (1024, prefill(1024))):
+        o = ops(m, b)
+        check(o["gate_up_proj"], *gemm(T, 2 * 14336, 4096, H100, 32, wbytes=1,
+                                       peak=H100["fp8"]))
+        check(o["down_proj"], *gemm(T, 4096, 14336, H100, 32, wbytes=1, peak=H100["fp8"]))
+        check(o["lm_head"], *gemm(1, 128256, 4096, H100, 1))
+
+
+def test_fp8_kv_cache_by_value():
+    m = model("model.name=llama-3.1-8b", "hardware.name=h100-sxm", "cache.cache_dtype=fp8")
+    nd, ctx = 32, 2000
+    kv_tok = 2 * 8 * 128 * 1  # one byte per element
+    b_att = 32 * (nd * ctx * kv_tok + nd * (2 * 32 * 128 * 2 + kv_tok))
+    f_att = 32 * nd * ctx * 4 * 32 * 128
+    s = max(f_att / (H100["peak"] * ATT_DEC[0]), b_att / (H100["bw"] * ATT_DEC[1])) \
+        + 32 * 2 * KFIX
+    check(ops(m, decode(nd, ctx))["attn"], f_att, b_att, s)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: num_gpu_blocks
+
+
+def weights_llama(c, tp, pp=1, wbytes=2):
+    """Bytes of weights on the most loaded rank: sharded linears over ceil(L/pp) layers,
+    norms, vocab-parallel embedding + LM head (vocab padded to 64), final norm, rope cache."""
+    h, L, hd = c["h"], c["L"], c["hd"]
+    nh, kvh = c["nh"] // tp, max(1, c["nkv"] // tp)
+    i_r = -(-c["I"] // tp)
+    per_layer = ((nh + 2 * kvh) * hd * h + h * nh * hd + 2 * i_r * h + h * i_r) * wbytes
+    layers = -(-L // pp)
+    norms = 2 * h * layers * 2
+    v = -(-(-(-c["V"] // 64) * 64) // tp)
+    emb = v * h * 2
+    vocab = 2 * emb + h * 2 if pp == 1 else max(emb, emb + h * 2)
+    rope = 131072 * hd * 2
+    return per_layer * layers + norms + vocab + rope
+
+
+def test_llama70b_tp4_num_gpu_blocks_by_value():
+    p = plan_memory(make_cfg("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
+                             "parallel.tensor_parallel_size=4"))
+    c = L70
+    total = int(79.11 * GIB)
+    requested = int(total * 0.9)
+    weights = weights_llama(c, 4)
+    assert p.weights_bytes == weights
+    # H100 defaults: 1024 seqs, 8192 tokens. Activation peak = max(forward of 8192 tokens,
+    # dummy sampler 1024 × vocab × 14 B); forward per token: max(attention block
+    # 2h + qkv + out, MLP block 3h + 3·I/tp) bf16 elements
+    fwd = 8192 * max(2 * 8192 + (16 + 4) * 128 + 16 * 128, 3 * 8192 + 3 * 28672 // 4) * 2
+    sampler = 1024 * 128256 * 14
+    act = max(fwd, sampler)
+    assert p.activation_peak_bytes == act
+    non_torch, comm = int(0.15 * GIB), int(0.35 * GIB)  # + NCCL buffers at TP > 1
+    available = requested - weights - act - non_torch - comm
+    assert p.available_kv_bytes == available
+    per_token = 80 * 2 * 2 * 128 * 2  # layers · (K+V) · 8/4 KV heads · head_dim · bf16
+    assert p.kv_bytes_per_token == per_token
+    assert p.num_gpu_blocks == available // (16 * per_token)
+    assert p.blocks_per_request == 131072 // 16
+
+
+def test_pp2_weights_and_kv_per_rank():
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "parallel.pipeline_parallel_size=2"))
+    assert p.weights_bytes == weights_llama(L8, 1, pp=2)
+    assert p.kv_bytes_per_token == 16 * 2 * 8 * 128 * 2  # 32 / 2 layers on a stage
+    assert p.comm_bytes == int(0.35 * GIB)
+
+
+@pytest.mark.parametrize("mml,bs", [(1000, 16), (4097, 32), (8192, 16)])
+def test_blocks_per_request_rounds_up(mml, bs):
+    """max_model_len not a multiple of the block size: a full-length request needs
+    ceil(mml / bs) blocks; "Maximum concurrency" = num_gpu_blocks / that."""
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             f"model.max_model_len={mml}", f"cache.block_size={bs}"))
+    need = -(-mml // bs)
+    assert p.blocks_per_request == need
+    assert p.block_bytes == bs * 131072
+    assert p.num_gpu_blocks == p.available_kv_bytes // (bs * 131072)
+    assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / need, rel=1e-12)
+    assert p.kv_cache_tokens == p.num_gpu_blocks * bs
+
+
+def test_fp8_weights_and_kv_memory_by_value():
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+                             "model.quantization=fp8", "cache.cache_dtype=fp8"))
+    # linears at 1 byte, embedding / LM head / norms / rope cache stay bf16
+    assert p.weights_bytes == weights_llama(L8, 1, wbytes=1)
+    assert p.kv_bytes_per_token == 32 * 2 * 8 * 128 * 1
+    assert p.num_gpu_blocks == p.available_kv_bytes // (16 * 65536)
+    assert p.weight_format == "fp8" and p.kv_cache_dtype == "fp8"
+
+
+def test_mixtral_tp2_weights_hold_every_expert():
+    p = plan_memory(make_cfg("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+                             "parallel.tensor_parallel_size=2"))
+    h, L, E, I = 4096, 32, 8, 14336
+    attn = ((16 + 2 * 4) * 128 * h + h * 16 * 128) * 2
+    experts = E * (2 * (I // 2) * h + h * (I // 2)) * 2
+    router = E * h * 2  # replicated, bf16
+    v = 32000 // 2  # 32000 is a multiple of 64
+    want = L * (attn + experts + router) + 2 * h * L * 2 + 2 * v * h * 2 + h * 2 \
+        + 32768 * 128 * 2
+    assert p.weights_bytes == want
+    assert not math.isnan(p.max_concurrency)
+
+
+def test_mixed_batch_shares_one_step(m8):
+    """A mixed batch (decode rows + a chunk) is one step: its dense ops run at the summed
+    token count, attention at both parts, the host term counts every request."""
+    b = BatchShape(num_decode=6, decode_context_sum=6 * 700, decode_context_max=700,
+                   prefill_new_tokens=(100,), prefill_context=(0,), num_sampled=7)
+    st = m8.step_time(b)
+    assert (st.cudagraph, st.padded_batch) == ("PIECEWISE", 112)  # 106 → capture size 112
+    o = {x.name: x for x in st.breakdown}
+    check(o["qkv_proj"], *gemm(112, 6144, 4096, A100, 32))
+    assert st.host_seconds == pytest.approx(PER_STEP + 7 * PER_REQ + 106 * PER_TOK, rel=1e-12)
