@@ -37,9 +37,11 @@ STAGE = ROOT / ".mutation"
 # The tests that pin each module (paths relative to the repository root). Kept focused so a
 # run takes minutes; the whole suite would give the same score, much more slowly.
 TESTS: dict[str, list[str]] = {
-    "simulator/metrics.py": ["tests/oracles", "tests/reports/test_bench_result.py",
+    "simulator/metrics.py": ["tests/oracles/test_metric_oracles.py",
+                             "tests/reports/test_bench_result.py",
                              "tests/reliability/test_streaming.py"],
-    "reports/bench_result.py": ["tests/oracles", "tests/reports/test_bench_result.py",
+    "reports/bench_result.py": ["tests/oracles/test_metric_oracles.py",
+                                "tests/reports/test_bench_result.py",
                                 "tests/reliability/test_streaming.py"],
     "costmodels/step.py": ["tests/costmodels/test_cost_step.py",
                            "tests/costmodels/test_cost_values.py"],

@@ -108,7 +108,7 @@ def head(s, hw, cfg, tp=1):
 # dense GQA: Llama-3.1-8B on A100, TP = 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: see tests/MUTATION.md (fixtures and mutmut)
 def m8():
     return model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb")
 
@@ -202,7 +202,7 @@ def test_async_scheduling_by_value():
 # MoE: Mixtral-8x7B, top-2 of 8 experts, TP = 2 on H100
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def mix():
     return model("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
                  "parallel.tensor_parallel_size=2")

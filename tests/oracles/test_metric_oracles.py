@@ -187,9 +187,11 @@ class Oracle:
         self.duration = float(np.max(self.finish[self.done]))
 
 
-@pytest.fixture(scope="module", params=list(SCENARIOS))
-def run(request, tmp_path_factory) -> Run:
-    return Run(request.param, SCENARIOS[request.param], tmp_path_factory.mktemp("oracle"))
+# Function-scoped on purpose: every test simulates its run itself, so mutation testing (which
+# runs, per mutant, only the tests that executed the mutated function) sees each check.
+@pytest.fixture(params=list(SCENARIOS))
+def run(request, tmp_path) -> Run:
+    return Run(request.param, SCENARIOS[request.param], tmp_path)
 
 
 def close(got, want, what: str) -> None:
