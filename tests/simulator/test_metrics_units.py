@@ -126,6 +126,34 @@ def test_request_log_windows_and_max_finish(tmp_path, spill):
     assert not any((tmp_path / "spool").iterdir()) if spill is not None else True
 
 
+def test_request_log_spills_only_past_spill_rows(tmp_path):
+    """Up to spill_rows rows stay in memory; the next chunk moves everything to disk (a
+    spool folder is created, parents included) and nothing is kept in memory."""
+    spool = tmp_path / "a" / "b"
+    log = RequestLog(spool, spill_rows=3)
+    log.append(_chunk([0, 1, 2]))
+    assert not log.spilled and not spool.exists()
+    log.append(_chunk([3]))
+    assert log.spilled and log._mem == [] and spool.is_dir()
+    assert log.all_rows()["index"].tolist() == [0, 1, 2, 3]
+    log.close()
+
+
+@pytest.mark.parametrize("spill", [None, 0])
+def test_request_log_window_without_rows_of_an_overlapping_chunk(tmp_path, spill):
+    """Chunk A holds indices 0 and 9, chunk B 1..8: the window [3, 6) overlaps A's range but
+    holds none of its rows."""
+    log = RequestLog(tmp_path, spill_rows=spill)
+    log.append(_chunk([9, 0]))
+    log.append(_chunk([1, 2, 3, 4, 5, 6, 7, 8]))
+    wins = list(log.windows(rows=3))
+    assert [w["index"].tolist() for w in wins] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    for w in wins:
+        assert {len(v) for v in w.values()} == {len(w["index"])}
+        assert w["request_id"].tolist() == [str(int(i)) for i in w["index"]]
+    log.close()
+
+
 def test_request_log_all_rows_beyond_one_default_window(monkeypatch):
     monkeypatch.setattr(metrics, "CHUNK_ROWS", 4)
     log = RequestLog()
@@ -173,7 +201,18 @@ def test_distribution_exact_order_and_counts():
     d.add(np.array([]))
     v, c = d.exact_sample()
     assert v.tolist() == [3.0, 1.0, 2.0, 7.0]  # group 0 in insertion order, then group 1
-    assert c.tolist() == [1, 1, 1, 4]
+    assert c.tolist() == [1, 1, 1, 4] and c.dtype == np.int64
+    e = Distribution().exact_sample()
+    assert e[0].shape == (0,) and e[1].shape == (0,)
+
+
+def test_distribution_exact_up_to_the_limit():
+    d = Distribution(exact_limit=3)
+    d.add(np.array([1, 2]))
+    d.add(np.array([3]))
+    assert d.exact and d.values().tolist() == [1.0, 2.0, 3.0]
+    d.add(np.array([4]))
+    assert not d.exact
 
 
 def test_distribution_sketch_moments_and_quantiles():
