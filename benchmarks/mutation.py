@@ -37,12 +37,12 @@ STAGE = ROOT / ".mutation"
 # The tests that pin each module (paths relative to the repository root). Kept focused so a
 # run takes minutes; the whole suite would give the same score, much more slowly.
 TESTS: dict[str, list[str]] = {
-    "simulator/metrics.py": ["tests/oracles/test_metric_oracles.py",
-                             "tests/reports/test_bench_result.py",
-                             "tests/reliability/test_streaming.py"],
-    "reports/bench_result.py": ["tests/oracles/test_metric_oracles.py",
+    "simulator/metrics.py": ["tests/simulator/test_metrics_units.py",
+                             "tests/oracles/test_metric_oracles.py",
+                             "tests/reports/test_bench_result.py"],
+    "reports/bench_result.py": ["tests/reports/test_bench_result_units.py",
                                 "tests/reports/test_bench_result.py",
-                                "tests/reliability/test_streaming.py"],
+                                "tests/oracles/test_metric_oracles.py"],
     "costmodels/step.py": ["tests/costmodels/test_cost_step.py",
                            "tests/costmodels/test_cost_values.py"],
     "costmodels/memory.py": ["tests/costmodels/test_cost_memory.py",
@@ -136,7 +136,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("module", nargs="?", help="e.g. simulator/metrics.py")
     ap.add_argument("--tests", nargs="*", help="pytest paths (default: TESTS[module])")
-    ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--max-children", type=int, default=3)
     ap.add_argument("--survivors", action="store_true", help="print each survivor's diff")
     ap.add_argument("--list", action="store_true", help="modules with default test lists")
     a = ap.parse_args()

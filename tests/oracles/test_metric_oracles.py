@@ -30,10 +30,12 @@ arguments, or the ``(request, num_new_tokens, num_computed_before)`` rows of
 from __future__ import annotations
 
 import csv
+import dataclasses
 import heapq
 import inspect
 import json
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,7 +43,9 @@ import numpy as np
 import pytest
 from servesim.reports import write_run
 from servesim.reports.bench_result import compute_bench_result
+from servesim.simulator import runner
 from servesim.simulator.config import load_config, resolve_config
+from servesim.simulator.metrics import derive_request_columns
 from servesim.simulator.plan.slo import point_metrics
 from servesim.simulator.plan.spec import PlanSLO
 from servesim.simulator.runner import run_experiment
@@ -132,14 +136,42 @@ def floats(cells: list[str]) -> np.ndarray:
     return np.array([float(c) if c != "" else np.nan for c in cells])
 
 
+_SIMULATIONS: dict[tuple[str, str], tuple] = {}
+
+
+def simulate(name: str, cfg) -> tuple:
+    """(tap, RunResult, raw per-request rows) of a scenario. Simulated once per process and
+    scenario; the per-request derivation and every report are recomputed by each test (see
+    :class:`Run`). Under mutation testing the cache is keyed by the mutant (mutmut's
+    ``MUTANT_UNDER_TEST``) and off while mutmut records which tests run which functions."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    key = (name, mutant)
+    if key in _SIMULATIONS:
+        return _SIMULATIONS[key]
+    tap, raw = Tap(), {}
+
+    def derive(rows):
+        raw.update(rows)
+        return derive_request_columns(rows)
+
+    with pytest.MonkeyPatch.context() as mp:
+        tap.install(mp, Scheduler)  # fcfs; the other policies subclass it
+        mp.setattr(runner, "derive_request_columns", derive)
+        result = run_experiment(cfg, fast_path=False)
+    if mutant != "stats":
+        for k in [k for k in _SIMULATIONS if k[1] != mutant]:
+            del _SIMULATIONS[k]  # only the current mutant's runs are kept
+        _SIMULATIONS[key] = (tap, result, raw)
+    return tap, result, raw
+
+
 class Run:
     def __init__(self, name: str, overrides: list[str], tmp: Path):
         self.name = name
         self.cfg = resolve_config(load_config(None, BASE + overrides))
-        self.tap = Tap()
-        with pytest.MonkeyPatch.context() as mp:
-            self.tap.install(mp, Scheduler)  # fcfs; the other policies subclass it
-            self.result = run_experiment(self.cfg, fast_path=False)
+        self.tap, result, raw = simulate(name, self.cfg)
+        # this test's own copy, its per-request columns derived again from the raw rows
+        self.result = dataclasses.replace(result, requests=derive_request_columns(raw))
         self.dir = tmp / name
         write_run(self.result, self.dir, date="20250101-000000")
         self.csv = read_csv(self.dir / "requests.csv")
@@ -187,8 +219,9 @@ class Oracle:
         self.duration = float(np.max(self.finish[self.done]))
 
 
-# Function-scoped on purpose: every test simulates its run itself, so mutation testing (which
-# runs, per mutant, only the tests that executed the mutated function) sees each check.
+# Function-scoped on purpose: every test derives and writes its run's reports itself, so
+# mutation testing (which runs, per mutant, only the tests that executed the mutated function)
+# sees each check; the simulation behind it is cached (see simulate).
 @pytest.fixture(params=list(SCENARIOS))
 def run(request, tmp_path) -> Run:
     return Run(request.param, SCENARIOS[request.param], tmp_path)
