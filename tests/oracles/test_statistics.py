@@ -40,7 +40,7 @@ def test_capacity_interval_is_scipy_t_interval(x, level):
 
 def test_capacity_interval_lower_end_clamped_at_zero():
     x = [0.1, 3.0, 0.2]
-    mean, lo, hi = capacity_interval(x)
+    _mean, lo, hi = capacity_interval(x)
     ref = stats.t.interval(0.95, 2, loc=np.mean(x), scale=stats.sem(x))
     assert ref[0] < 0 and lo == 0.0 and hi == pytest.approx(ref[1], rel=1e-9)
 

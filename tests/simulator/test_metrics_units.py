@@ -293,7 +293,7 @@ def test_run_result_streamed(tmp_path):
     assert r.duration_s == 2.5  # index 3: 1.5 + 1.0
     wins = list(r.iter_requests(rows=3))
     assert [w["request_id"].tolist() for w in wins] == [["0", "1", "2"], ["3"]]
-    assert list(r.iter_requests())[0]["request_id"].tolist() == ["0", "1", "2", "3"]
+    assert next(iter(r.iter_requests()))["request_id"].tolist() == ["0", "1", "2", "3"]
     r.close()
     assert not any(tmp_path.iterdir())
     empty = RequestLog(tmp_path, spill_rows=0)

@@ -10,6 +10,7 @@ proportion √(p(1 − p)/n); a Poisson count √λ.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -328,7 +329,7 @@ def test_sessions_turns_inputs_and_think_times():
     think, user = [], []
     for v in by.values():
         assert v[0].prompt_len == 132 and v[0].think_time_s == 0.0
-        for a, b in zip(v, v[1:]):
+        for a, b in itertools.pairwise(v):
             user.append(b.prompt_len - a.prompt_len - a.output_len)
             think.append(b.think_time_s)
             assert b.parent_id == a.request_id and b.arrival_s == a.arrival_s
