@@ -142,11 +142,14 @@ _SIMULATIONS: dict[tuple[str, str], tuple] = {}
 def simulate(name: str, cfg) -> tuple:
     """(tap, RunResult, raw per-request rows) of a scenario. Simulated once per process and
     scenario; the per-request derivation and every report are recomputed by each test (see
-    :class:`Run`). Under mutation testing the cache is keyed by the mutant (mutmut's
-    ``MUTANT_UNDER_TEST``) and off while mutmut records which tests run which functions."""
+    :class:`Run`). Under mutation testing (mutmut sets ``MUTANT_UNDER_TEST``) the cache is
+    per mutant, except for mutants of ``reports/`` (which the simulation never runs); while
+    mutmut records which tests run which functions (``stats``) every test simulates."""
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if mutant in ("stats", "") or mutant.startswith("servesim.reports."):
+        mutant = ""
     key = (name, mutant)
-    if key in _SIMULATIONS:
+    if key in _SIMULATIONS and os.environ.get("MUTANT_UNDER_TEST") != "stats":
         return _SIMULATIONS[key]
     tap, raw = Tap(), {}
 
@@ -158,10 +161,9 @@ def simulate(name: str, cfg) -> tuple:
         tap.install(mp, Scheduler)  # fcfs; the other policies subclass it
         mp.setattr(runner, "derive_request_columns", derive)
         result = run_experiment(cfg, fast_path=False)
-    if mutant != "stats":
-        for k in [k for k in _SIMULATIONS if k[1] != mutant]:
-            del _SIMULATIONS[k]  # only the current mutant's runs are kept
-        _SIMULATIONS[key] = (tap, result, raw)
+    for k in [k for k in _SIMULATIONS if k[1] != mutant]:
+        del _SIMULATIONS[k]  # only the current mutant's runs are kept
+    _SIMULATIONS[key] = (tap, result, raw)
     return tap, result, raw
 
 
