@@ -441,3 +441,99 @@ def test_mixed_batch_shares_one_step(m8):
     o = {x.name: x for x in st.breakdown}
     check(o["qkv_proj"], *gemm(112, 6144, 4096, A100, 32))
     assert st.host_seconds == pytest.approx(PER_STEP + 7 * PER_REQ + 106 * PER_TOK, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: the remaining terms by value
+
+
+def test_llama8b_a100_plan_every_term():
+    """A100 defaults (256 seqs, 2048 tokens): weights, activation = max(forward of 2048
+    tokens, sampler 256 × vocab × 14 B), non-torch 0.15 GiB, no NCCL at TP 1; CUDA graphs
+    (51 capture sizes × 2 for FULL_AND_PIECEWISE × 4 MiB + activations of the largest, 512
+    tokens) live in the headroom."""
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb"))
+    total = int(79.15 * GIB)
+    assert (p.total_bytes, p.requested_bytes) == (total, int(total * 0.9))
+    assert p.weights_bytes == weights_llama(L8, 1)
+    per_tok = max(2 * 4096 + 6144 + 4096, 3 * 4096 + 3 * 14336)  # MLP block is larger
+    fwd = 2048 * per_tok * 2
+    assert p.activation_peak_bytes == max(fwd, 256 * 128256 * 14) == 256 * 128256 * 14
+    assert (p.non_torch_bytes, p.comm_bytes) == (int(0.15 * GIB), 0)
+    assert p.cudagraph_bytes == 51 * 2 * 4 * 2**20 + 512 * per_tok * 2
+    assert not p.cudagraph_in_kv_budget
+    avail = int(total * 0.9) - p.weights_bytes - p.activation_peak_bytes - int(0.15 * GIB)
+    assert p.available_kv_bytes == avail
+    assert p.num_gpu_blocks == p.num_gpu_blocks_computed == avail // (16 * 131072)
+    d = p.as_dict()
+    assert d["kv_cache_tokens"] == p.num_gpu_blocks * 16
+    assert d["weights_gib"] == p.weights_bytes / GIB and d["total_gib"] == total / GIB
+    assert d["available_kv_gib"] == avail / GIB
+    assert d["max_concurrency"] == p.num_gpu_blocks / (131072 // 16)
+
+
+def test_cudagraph_pool_in_the_kv_budget_by_value():
+    from servesim.costmodels.memory import MemoryCoefficients, plan_memory_for
+    from servesim.costmodels.specs import load_hardware_spec, load_model_spec
+
+    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                   "compilation.cudagraph_mode=PIECEWISE")
+    spec, hw = load_model_spec(cfg.model), load_hardware_spec(cfg.hardware)
+    a = plan_memory_for(cfg, spec, hw)
+    b = plan_memory_for(cfg, spec, hw, MemoryCoefficients(cudagraph_in_kv_budget=True))
+    per_tok = 3 * 4096 + 3 * 14336
+    graphs = 51 * 4 * 2**20 + 512 * per_tok * 2  # one graph per size in PIECEWISE mode
+    assert a.cudagraph_bytes == b.cudagraph_bytes == graphs
+    assert b.available_kv_bytes == a.available_kv_bytes - graphs
+    assert b.num_gpu_blocks == b.available_kv_bytes // (16 * 131072)
+    none = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                                "compilation.cudagraph_mode=NONE"))
+    assert none.cudagraph_bytes == 0
+
+
+def test_deepseek_mla_moe_memory_terms():
+    """MLA caches the kv_lora_rank + rope latent (512 + 64) per layer on every TP rank; the
+    MoE activation per token: 2h + top_k·(3·I_moe/tp + h) + 3·I_shared/tp."""
+    p = plan_memory(make_cfg("model.name=deepseek-v3", "hardware.name=h200-sxm",
+                             "parallel.tensor_parallel_size=8"))
+    assert p.kv_bytes_per_token == 61 * (512 + 64) * 2
+    h, tp = 7168, 8
+    attn = 2 * h + 16 * (128 + 64) + 512 + 64 + 16 * 128
+    dense = 3 * h + 3 * (18432 // tp)
+    moe = 2 * h + 8 * (3 * (2048 // tp) + h) + 3 * (2048 // tp)
+    fwd = 8192 * max(attn, dense, moe) * 2
+    assert p.activation_peak_bytes == max(fwd, 1024 * 129280 * 14)
+
+
+def test_sliding_window_limits_blocks_per_request():
+    """Mistral-7B (window 4096): a request holds at most window − 1 + a step's tokens."""
+    p = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb"))
+    assert p.blocks_per_request == -(-(4096 - 1 + 2048) // 16)
+    assert p.max_concurrency == p.num_gpu_blocks / p.blocks_per_request
+
+
+def test_int4_and_tied_weights_by_value():
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "model.quantization=int4-awq"))
+    assert p.weights_bytes == int(weights_llama(L8, 1, wbytes=0.5 + 2 / 128))
+
+
+@pytest.mark.parametrize("util,ok", [(0.9, True), (0.235, False)])
+def test_capacity_errors_at_their_boundaries(util, ok):
+    """Llama-8B weights ≈ 14.99 GiB; at 0.235 × 79.15 GiB = 18.6 GiB the KV budget left after
+    activations cannot hold one 131,072-token request (16 GiB)."""
+    from servesim.simulator.errors import CapacityError
+
+    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                   f"cache.gpu_memory_utilization={util}")
+    if ok:
+        assert plan_memory(cfg).num_gpu_blocks > 8192
+    else:
+        with pytest.raises(CapacityError, match="max seq len"):
+            plan_memory(cfg)
+    with pytest.raises(CapacityError, match="model weights take"):
+        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "cache.gpu_memory_utilization=0.18"))
+    with pytest.raises(CapacityError, match="No available memory"):
+        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "cache.gpu_memory_utilization=0.195"))
