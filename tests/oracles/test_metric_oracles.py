@@ -73,6 +73,12 @@ SCENARIOS = {
     "preemption": ["workload.num_prompts=12", "workload.input_len=96",
                    "workload.output_len=60", "workload.range_ratio=0.5",
                    "cache.num_gpu_blocks_override=48"],
+    # async scheduling, no chunked prefill, vLLM's priority policy: other scheduling modes
+    "async_unchunked": ["workload.num_prompts=30", "workload.request_rate=25",
+                        "workload.input_len=150", "workload.output_len=10",
+                        "workload.range_ratio=0.9", "scheduler.async_scheduling=true",
+                        "scheduler.enable_chunked_prefill=false", "scheduler.policy=priority",
+                        "scheduler.max_num_seqs=8"],
     # 64 shared prefix tokens (4 full blocks) in front of every prompt: prefix-cache hits
     "prefix": ["workload.num_prompts=30", "workload.request_rate=20", "workload.prefix_len=64",
                "workload.input_len=40", "workload.output_len=12", "workload.range_ratio=0.5",
