@@ -117,16 +117,19 @@ def _raw(n):
 def _results(tmp_path, n=60):
     raw = _raw(n)
     cfg = load_config(None, ["output.save_detailed=true", "slo.ttft_ms=70"])
-    itl = np.round(np.arange(40) * 0.0013 + 0.02, 6)
-    counts = np.arange(40) % 3 + 1
-    mem = RunResult(cfg, derive_request_columns(raw), itl, counts, {},
+    itl = np.round(np.arange(500) * 0.0001 + 0.02, 6)  # distinct: every rank differs
+    counts = np.arange(500) % 3 + 1
+    # decode tokens per step (0.1 s apart): the busiest 1-s bucket needs steps + first tokens
+    t = np.arange(1, 60) * 0.1 + 0.003
+    steps = {"time_s": t, "num_decode_reqs": (np.arange(1, 60) % 7).astype(float)}
+    mem = RunResult(cfg, derive_request_columns(raw), itl, counts, steps,
                     workload_meta={"num_prompts": n})
     log = RequestLog(tmp_path, spill_rows=0)
     for lo in range(0, n, 16):  # chunks in end order
         log.append({k: v[lo:lo + 16][::-1] for k, v in raw.items()})
     stream = Distribution(exact_limit=0)
     stream.add(itl, counts)
-    streamed = RunResult(cfg, LazyRequests(log), np.zeros(0), np.zeros(0, np.int64), {},
+    streamed = RunResult(cfg, LazyRequests(log), np.zeros(0), np.zeros(0, np.int64), steps,
                          workload_meta={"num_prompts": n}, request_log=log, itl_stream=stream)
     return mem, streamed
 
@@ -149,6 +152,25 @@ def test_streamed_lists_equal_in_memory(tmp_path, monkeypatch):
         assert b[k] == pytest.approx(a[k], rel=1e-9), k
     assert b["approximate_percentiles"]["metrics"] == ["itl"]
     assert "approximate_percentiles" not in a
+    # peak 1-s bucket, by hand: steps' decode tokens + first tokens of completed requests
+    done = mem.requests["finished_reason"] != "rejected"
+    times = np.r_[steps_of(mem)["time_s"], mem.requests["first_token_s"][done]]
+    weights = np.r_[steps_of(mem)["num_decode_reqs"], np.ones(done.sum())]
+    peak = np.bincount(np.floor(times).astype(int), weights=weights).max()
+    assert a["max_output_tokens_per_s"] == b["max_output_tokens_per_s"] == peak
+
+
+def steps_of(r):
+    return r.steps
+
+
+def test_peak_tokens_from_the_generation_counter_first_bucket(make_result):
+    """With vllm:generation_tokens_total the per-step tokens are its differences (the first
+    step's from 0) and first tokens are not added again."""
+    r = make_result()
+    r.steps["vllm:generation_tokens_total"] = np.cumsum([9, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    # steps end at .5 .7 .8 .9 | 1.0 1.1 1.4 1.5 1.7 | 2.5: [0,1) = 9 + 3 = 12
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 12.0
 
 
 def test_sketched_percentiles_within_relative_accuracy(tmp_path, monkeypatch):
