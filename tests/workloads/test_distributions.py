@@ -339,3 +339,68 @@ def test_sessions_turns_inputs_and_think_times():
     assert_mean(think, 3.0, 3.0, "think time")
     starts = np.array([v[0].arrival_s for v in by.values()])
     assert starts[-1] == pytest.approx(3000 / 10, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked generation equals one pass; edge rules
+
+
+def test_random_workload_chunks_equal_a_single_pass(monkeypatch):
+    """Lengths and arrivals are drawn in CHUNK-sized pieces; with a tiny chunk they must equal
+    vLLM's single-pass draws: default_rng(seed).integers for all inputs, then all outputs;
+    legacy RandomState(seed).standard_gamma for the gaps, cumulated and rescaled."""
+    from servesim.workloads import arrivals, generators
+
+    monkeypatch.setattr(arrivals, "CHUNK", 7)
+    monkeypatch.setattr(generators, "CHUNK", 7)
+    n, seed = 50, 21
+    cfg = RandomWorkload(num_prompts=n, input_len=100, output_len=20, range_ratio=0.5,
+                         request_rate=3.0, burstiness=0.5, seed=seed)
+    reqs = list(build_workload(cfg, block_size=16))
+    rng = np.random.default_rng(seed)
+    ins = rng.integers(50, 150 + 1, size=n)
+    outs = rng.integers(10, 30 + 1, size=n)
+    gaps = np.random.RandomState(seed).standard_gamma(0.5, size=n) * (1 / (3.0 * 0.5))
+    t = np.cumsum(gaps)
+    t *= (n / 3.0) / t[-1]
+    assert [r.prompt_len for r in reqs] == ins.tolist()
+    assert [r.output_len for r in reqs] == outs.tolist()
+    np.testing.assert_allclose([r.arrival_s for r in reqs], t, rtol=1e-12)
+
+
+def test_profile_arrivals_chunks_equal_a_single_pass(monkeypatch):
+    from servesim.workloads import arrivals
+
+    prof = RateProfile(kind="piecewise", points=[(0, 2.0), (3, 5.0), (7, 1.0)])
+    whole = np.concatenate(list(profile_arrivals(40, prof, math.inf, 1.0, seed=4)))
+    monkeypatch.setattr(arrivals, "CHUNK", 6)
+    parts = np.concatenate(list(profile_arrivals(40, prof, math.inf, 1.0, seed=4)))
+    np.testing.assert_allclose(parts, whole, rtol=1e-12)
+    # time rescaling by hand: unit-rate event times u mapped through Λ⁻¹
+    u = np.cumsum(np.random.RandomState(4).standard_gamma(1.0, size=40))
+    lam = np.interp(u, [0, 6, 26, 1e9], [0, 3, 7, 7 + (1e9 - 26)])
+    np.testing.assert_allclose(whole, lam, rtol=1e-9)
+
+
+def test_short_prefix_group_has_no_block_ids():
+    g = PrefixGroups(num_groups=1, lengths=[8], fraction=1.0)
+    cfg = SyntheticWorkload(num_prompts=5, seed=1, input=FixedDist(value=10),
+                            output=FixedDist(value=3), prefix_groups=g)
+    reqs = list(build_workload(cfg, block_size=16))
+    assert all(r.prompt_len == 18 and r.prefix_block_ids is None for r in reqs)
+
+
+def test_session_keeps_a_first_turn_over_the_limit():
+    """A session ends *before* a later turn would exceed max_context_len; its first turn is
+    always sent (the engine rejects it if it cannot run)."""
+    cfg = SessionsWorkload(num_sessions=2, turns=FixedDist(value=3),
+                           first_input=FixedDist(value=500), user_input=FixedDist(value=10),
+                           output=FixedDist(value=100), max_context_len=400)
+    reqs = list(build_workload(cfg, block_size=16))
+    assert [(r.session_id, r.turn, r.prompt_len) for r in reqs] == [("s0", 0, 500),
+                                                                     ("s1", 0, 500)]
+    cfg2 = cfg.model_copy(update={"max_context_len": 720})
+    reqs = list(build_workload(cfg2, block_size=16))
+    # turn 1: 500 + 100 + 10 = 610 prompt + 100 output = 710 ≤ 720; turn 2 would be 820
+    assert [(r.turn, r.prompt_len) for r in reqs if r.session_id == "s0"] == [(0, 500),
+                                                                             (1, 610)]
