@@ -85,15 +85,18 @@ def stage(module: str, tests: list[str]) -> Path:
     shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
     for name in ("README.md",):
         shutil.copy2(ROOT / name, d / name)
-    # tests that read repository files (configs/, README) find them at the usual places
-    os.symlink("servesim/configs", d / "configs")
+    # Tests read configs/ at the repository root and compare it with the package's own
+    # (resolved) folder: in mutmut's copy, servesim/configs is a link to a real configs/.
+    (d / "mutants" / "servesim").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", d / "mutants" / "configs", ignore=ignore)
+    os.symlink("../configs", d / "mutants" / "servesim" / "configs")
     toml = "\n".join([
         "[tool.mutmut]",
         'source_paths = ["servesim"]',
         f'only_mutate = ["servesim/{module}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
-        '# "configs" is the symlink to servesim/configs; README.md is read by a test',
-        'also_copy = ["configs", "README.md"]',
+        '# README.md is read by a test',
+        'also_copy = ["README.md"]',
         f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE)}",
         "timeout_multiplier = 10.0",
         "timeout_constant = 5.0",
