@@ -196,3 +196,99 @@ def test_sketched_percentiles_within_relative_accuracy(tmp_path, monkeypatch):
     m = len(itl)
     lo, hi = itl[math.floor(0.99 * (m - 1))], itl[math.ceil(0.99 * (m - 1))]
     assert lo * 0.999 <= b["p99_itl_ms"] <= hi * 1.001
+
+
+# ---------------------------------------------------------------------------------------------
+# traffic, identity and servesim keys
+
+
+def test_traffic_and_identity_keys(make_result):
+    from datetime import UTC, datetime
+    from importlib import metadata
+
+    r = make_result(meta={"num_prompts": 5, "request_rate": float("inf"),
+                          "burstiness": float("inf"), "seed": 42},
+                    parallel__data_parallel_size=2, output__label="run-a",
+                    hardware__name="h100-sxm")
+    before = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    b = compute_bench_result(r)
+    after = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    assert before <= b["date"] <= after and len(b["date"]) == 15
+    assert (b["request_rate"], b["burstiness"]) == ("inf", "inf")
+    assert b["label"] == "run-a" and b["num_prompts"] == 5
+    assert (b["seed"], b["gpu"], b["num_gpus"], b["data_parallel_size"]) == (42, "h100-sxm",
+                                                                            2, 2)
+    assert b["dataset_name"] == "random"  # not in meta: the workload kind
+    assert b["servesim_version"] == metadata.version("servesim")
+    r2 = make_result(meta={"request_rate": 2.5, "burstiness": 0.5, "dataset_name": "sharegpt"})
+    b2 = compute_bench_result(r2, date=DATE)
+    assert (b2["request_rate"], b2["burstiness"]) == (2.5, 0.5)
+    assert b2["dataset_name"] == "sharegpt"
+    assert b2["num_prompts"] == 1000  # from the config's workload when meta has none
+    assert b2["seed"] == 0 and b2["label"] is None
+
+
+def test_counters_fall_back_to_the_last_step_and_the_capacity(make_result):
+    r = make_result()
+    r.counters = {}
+    r.steps["vllm:num_preemptions_total"] = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, 3])
+    r.steps["vllm:prefix_cache_hits_total"] = np.array([0] * 9 + [50])
+    r.capacity = {"num_gpu_blocks": 777}
+    b = compute_bench_result(r, date=DATE)
+    assert (b["num_preemptions"], b["prefix_cache_hits"], b["num_gpu_blocks"]) == (3, 50, 777)
+    assert b["prefix_cache_hit_rate"] == pytest.approx(50 / 650)
+    assert b["num_steps"] is None and b["wall_seconds"] is None
+
+
+def test_short_runs_still_have_throughputs(make_result):
+    r = make_result()
+    r.requests["finish_s"] = np.array([0.6, 0.8, 0.9, 0.95, np.nan])  # duration 0.95 s
+    b = compute_bench_result(r, date=DATE)
+    assert b["duration"] == 0.95
+    assert b["request_throughput"] == pytest.approx(4 / 0.95)
+    assert b["output_throughput"] == pytest.approx(10 / 0.95)
+
+
+def test_per_request_itls_when_the_engine_provides_them(make_result):
+    r = make_result(output__save_detailed="true")
+    r.request_itls = [[0.2, 0.2, 0.2], [], [0.5, np.nan], [0.3], []]
+    b = compute_bench_result(r, date=DATE)
+    assert b["itls"] == [[0.2, 0.2, 0.2], [], [0.5, 0.0], [0.3], []]
+    assert compute_bench_result(make_result(output__save_detailed="true"),
+                                date=DATE)["itls"] == [None] * 5
+
+
+def test_bare_config_and_missing_columns_use_vllm_defaults(make_result):
+    """A RunResult from elsewhere: a config without output/slo sections (vLLM's defaults:
+    ttft,tpot,itl,e2el at p99, no goodput, no details) and requests with only timestamps
+    (TTFT/E2EL from first token/finish − send, send = arrival, lengths 0 when absent)."""
+    from types import SimpleNamespace
+
+    full = make_result()
+    cfg = full.config
+    bare = SimpleNamespace(model=cfg.model, hardware=cfg.hardware, parallel=cfg.parallel,
+                           workload=cfg.workload, config_hash=cfg.config_hash)
+    keep = ("finished_reason", "arrival_s", "first_token_s", "finish_s", "output_len",
+            "request_id")
+    r = RunResult(bare, {k: full.requests[k] for k in keep}, full.itl_values, full.itl_counts,
+                  full.steps, counters=full.counters, workload_meta=full.workload_meta)
+    a = compute_bench_result(full, date=DATE)
+    b = compute_bench_result(r, date=DATE)
+    for k in ("mean_ttft_ms", "p99_ttft_ms", "mean_e2el_ms", "median_tpot_ms", "p99_itl_ms",
+              "latencies", "completed", "total_output_tokens", "max_concurrent_requests"):
+        assert b[k] == a[k], k
+    assert b["total_input_tokens"] == 0 and b["request_goodput"] is None
+    assert "input_lens" not in b and b["queue_times"] == [0.0] * 5
+    # NaN latencies in the columns are filled from the timestamps too
+    full.requests["ttft_s"] = np.full(5, np.nan)
+    full.requests["e2el_s"] = np.full(5, np.nan)
+    c = compute_bench_result(full, date=DATE)
+    assert (c["mean_ttft_ms"], c["mean_e2el_ms"]) == (a["mean_ttft_ms"], a["mean_e2el_ms"])
+    # an output section with vllm bench --metadata: its keys go right after num_prompts
+    bare.output = SimpleNamespace(metadata={"team": "perf", "n": 3}, label="x",
+                                  percentile_metrics="ttft", metric_percentiles="50")
+    d = compute_bench_result(r, date=DATE)
+    keys = list(d)
+    assert keys[keys.index("num_prompts") + 1:keys.index("request_rate")] == ["team", "n"]
+    assert (d["team"], d["n"], d["label"]) == ("perf", 3, "x")
+    assert "p50_ttft_ms" in d and "mean_tpot_ms" not in d
