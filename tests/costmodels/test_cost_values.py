@@ -537,3 +537,172 @@ def test_capacity_errors_at_their_boundaries(util, ok):
     with pytest.raises(CapacityError, match="No available memory"):
         plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
                              "cache.gpu_memory_utilization=0.195"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the breakdown contract: op order, bound, efficiency, provenance, counts
+
+
+def test_breakdown_fields_by_value_llama70b_tp4():
+    """Every op of a decode step: vLLM order; GEMMs memory-bound at 80% of HBM with the
+    roofline default provenance; elementwise ops memory-bound at 70%; the all-reduce from the
+    spec sheet (one-shot of 4·8192·2 bytes: the 3 µs latency dominates)."""
+    m = model("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
+              "parallel.tensor_parallel_size=4")
+    st = m.step_time(decode(4, 1000))
+    assert [o.name for o in st.breakdown] == [
+        "embed_tokens", "input_layernorm", "qkv_proj", "rotary_emb", "attn", "o_proj",
+        "gate_up_proj", "act_fn", "down_proj", "all_reduce", "lm_head", "sampler",
+        "kernel_launch", "host"]
+    o = {x.name: x for x in st.breakdown}
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"):
+        assert (o[name].bound, o[name].efficiency, o[name].provenance) == (
+            "memory", 0.80, "roofline:default"), name
+    assert o["lm_head"].count == 1 and o["qkv_proj"].count == 80
+    for name in ("embed_tokens", "input_layernorm", "rotary_emb", "act_fn", "sampler"):
+        assert (o[name].bound, o[name].efficiency, o[name].flops) == ("memory", 0.70, 0.0)
+    assert (o["input_layernorm"].count, o["rotary_emb"].count, o["act_fn"].count) == (
+        161, 80, 80)
+    ar = o["all_reduce"]
+    assert (ar.bound, ar.efficiency, ar.provenance, ar.flops) == ("latency", 1.0,
+                                                                  "spec-sheet", 0.0)
+    # logits gather at TP 4: (tp − 1)·s·V/tp·2 bytes over the link, latency + bytes / bw
+    v_r = 128256 // 4
+    lm = gemm(4, v_r, 8192, H100, 1)
+    g = 3 * 4 * v_r * 2
+    assert o["lm_head"].seconds == pytest.approx(lm[2] + 3e-6 + g / 450e9, rel=1e-12)
+    assert o["lm_head"].flops == lm[0] and o["lm_head"].bytes == lm[1] + g
+    assert o["attn"].bound == "memory" and o["attn"].count == 80
+    assert o["attn"].efficiency == pytest.approx(
+        max(o["attn"].flops / H100["peak"], o["attn"].bytes / H100["bw"]) / o["attn"].seconds)
+    # prefill: the big GEMMs are compute-bound at 75% of the tensor peak; large all-reduce
+    # messages are bandwidth-bound
+    p = {x.name: x for x in m.step_time(prefill(4096)).breakdown}
+    assert (p["gate_up_proj"].bound, p["gate_up_proj"].efficiency) == ("compute", 0.75)
+    assert p["all_reduce"].bound == "link"
+
+
+def test_deepseek_mla_ops_and_attention_by_value():
+    """MLA (absorbed for decode): per context token per layer 2·(lat + rope)·nh + 2·lat·nh
+    FLOPs over the (lat + rope)-element latent; prefill per (query, key) pair
+    (2·(nope + rope) + 2·v)·nh FLOPs. DeepSeek-V3 at TP 8: nh = 16, lat 512, rope 64,
+    nope 128, v 128; KV fp8 from the checkpoint? no: cache auto = 2 bytes."""
+    m = model("model.name=deepseek-v3", "hardware.name=h200-sxm",
+              "parallel.tensor_parallel_size=8")
+    L, nh, lat, rope, nope, v = 61, 16, 512, 64, 128, 128
+    st = m.step_time(decode(2, 3000))
+    names = [o.name for o in st.breakdown]
+    assert names[:12] == ["embed_tokens", "input_layernorm", "qkv_a_proj", "q_b_proj",
+                          "kv_b_proj", "rotary_emb", "attn", "o_proj", "gate_up_proj",
+                          "act_fn", "down_proj", "router"]
+    assert names[12:15] == ["experts", "shared_experts", "shared_experts.act_fn"]
+    o = {x.name: x for x in st.breakdown}
+    kv_tok = (lat + rope) * 2
+    f = L * 6000 * (2 * (lat + rope) * nh + 2 * lat * nh)
+    b = L * (6000 * kv_tok + 2 * ((nh * (lat + rope) + nh * lat) * 2 + kv_tok))
+    assert (o["attn"].flops, o["attn"].bytes) == (f, b)
+    # rotary on nh query heads + 1 latent key head, rope dims only
+    assert o["rotary_emb"].bytes == L * 2 * 2 * (nh + 1) * rope * 2
+    # shared expert activation: 3·T·I_shared/tp·2 bytes on the 58 MoE layers (T padded to 2)
+    assert o["shared_experts.act_fn"].bytes == 58 * 3 * 2 * (2048 // 8) * 2
+    assert o["act_fn"].count == 3  # the first 3 layers are dense
+    p = {x.name: x for x in m.step_time(prefill(1000, 500)).breakdown}
+    pairs = 1000 * 500 + 1000 * 1001 / 2
+    assert p["attn"].flops == L * pairs * (2 * (nope + rope) + 2 * v) * nh
+    assert p["attn"].bytes == L * (1500 * kv_tok + 1000 * (nh * (nope + rope + v) * 2 + kv_tok))
+
+
+def test_sliding_window_attention_by_value():
+    """Mistral-7B, window 4096: a decode row reads at most 4096 tokens; a prefill chunk's
+    pairs are Σ min(j, w) differences and it reads min(p + c, w + c) cached tokens."""
+    m = model("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb")
+    L, w, kv_tok = 32, 4096, 2 * 8 * 128 * 2
+    d = {o.name: o for o in m.step_time(decode(3, 9000)).breakdown}["attn"]
+    assert d.flops == L * 3 * w * 4 * 32 * 128
+    assert d.bytes == L * (3 * w * kv_tok + 3 * (2 * 32 * 128 * 2 + kv_tok))
+
+    def pairs(n):
+        return n * (n + 1) / 2 if n <= w else w * (w + 1) / 2 + (n - w) * w
+
+    c, p = 512, 8000
+    a = {o.name: o for o in m.step_time(prefill(c, p)).breakdown}["attn"]
+    assert a.flops == L * (pairs(p + c) - pairs(p)) * 4 * 32 * 128 == L * c * w * 4 * 32 * 128
+    assert a.bytes == L * ((w + c) * kv_tok + c * (2 * 32 * 128 * 2 + kv_tok))
+    small = {o.name: o for o in m.step_time(prefill(100, 1000)).breakdown}["attn"]
+    assert small.flops == L * (100 * 1000 + 100 * 101 / 2) * 4 * 32 * 128
+
+
+@pytest.mark.parametrize("mode,dec,mixed", [
+    ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE"), ("PIECEWISE", "PIECEWISE", "PIECEWISE"),
+    ("FULL", "FULL", "FULL"), ("FULL_DECODE_ONLY", "FULL", "NONE"), ("NONE", "NONE", "NONE")])
+def test_cudagraph_modes(mode, dec, mixed):
+    m = model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+              f"compilation.cudagraph_mode={mode}")
+    mix = BatchShape(num_decode=3, decode_context_sum=300, decode_context_max=100,
+                     prefill_new_tokens=(20,), prefill_context=(0,), num_sampled=4)
+    a, b = m.step_time(decode(3, 100)), m.step_time(mix)
+    assert (a.cudagraph, b.cudagraph) == (dec, mixed)
+    assert a.padded_batch == (4 if dec != "NONE" else 3)
+    assert b.padded_batch == (24 if mixed != "NONE" else 23)
+    assert m.step_time(decode(512, 10)).cudagraph == dec  # 512: the largest capture size
+    assert m.step_time(decode(513, 10)).cudagraph == "NONE"
+
+
+def test_launch_bound_steps_by_value():
+    """Llama-2-7B (32 layers, MHA) at TP 8 on B200: the GPU work of a small step is shorter
+    than launching it, so the step costs the CPU launch time. Eager: per layer 2 norms + rope
+    + 2 attention + 4 GEMMs + act = 10 kernels, + embedding + final norm, + 2 all-reduces per
+    layer + 1, + LM head and 8 sampler kernels, 5 µs each. PIECEWISE (mixed batch): 33 graph
+    pieces at 10 µs + attention's 2 eager kernels per layer + the head."""
+    eager = model("model.name=llama-2-7b", "hardware.name=b200",
+                  "parallel.tensor_parallel_size=8", "model.enforce_eager=true")
+    b = decode(1, 10)
+    st = eager.step_time(b)
+    n = 32 * 10 + 2 + (2 * 32 + 1) + 9
+    o = {x.name: x for x in st.breakdown}
+    assert o["kernel_launch"].count == n
+    gpu = sum(x.seconds for x in st.breakdown if x.name not in ("kernel_launch", "host"))
+    assert gpu < n * LAUNCH
+    assert o["kernel_launch"].seconds == pytest.approx(n * LAUNCH - gpu, rel=1e-9)
+    host = PER_STEP + PER_REQ + PER_TOK
+    assert st.seconds == pytest.approx(n * LAUNCH + host, rel=1e-12)
+    assert eager.step_seconds(b) == pytest.approx(n * LAUNCH + host, rel=1e-12)
+    pw = model("model.name=llama-2-7b", "hardware.name=b200", "parallel.tensor_parallel_size=8")
+    mix = BatchShape(num_decode=1, decode_context_sum=10, decode_context_max=10,
+                     prefill_new_tokens=(7,), prefill_context=(0,), num_sampled=2)
+    launch = 33 * GRAPH_LAUNCH + 32 * 2 * LAUNCH + 9 * LAUNCH
+    st = pw.step_time(mix)
+    o = {x.name: x for x in st.breakdown}
+    assert o["kernel_launch"].count == 33 + 64 + 9
+    gpu = sum(x.seconds for x in st.breakdown if x.name not in ("kernel_launch", "host"))
+    assert o["kernel_launch"].seconds == pytest.approx(max(0.0, launch - gpu), abs=1e-15)
+    assert st.seconds == pytest.approx(max(gpu, launch) + PER_STEP + 2 * PER_REQ
+                                       + 8 * PER_TOK, rel=1e-12)
+    # a batch that samples nothing launches no LM head or sampler
+    chunk = BatchShape(prefill_new_tokens=(7,), prefill_context=(0,), num_sampled=0)
+    st = pw.step_time(chunk)
+    assert {x.name: x for x in st.breakdown}["kernel_launch"].count == 33 + 64
+    assert "lm_head" not in {x.name for x in st.breakdown}
+    gpu = sum(x.seconds for x in st.breakdown if x.name not in ("kernel_launch", "host"))
+    assert st.seconds == pytest.approx(max(gpu, 33 * GRAPH_LAUNCH + 64 * LAUNCH) + PER_STEP
+                                       + PER_REQ + 7 * PER_TOK, rel=1e-12)
+
+
+def test_roofline_floor_by_value(m8):
+    """Σ over GPU ops of max(flops / peak, bytes / bw) at 100%, spec-sheet ops excluded."""
+    b = decode(8, 1000)
+    want = sum(max(o.flops / A100["peak"], o.bytes / A100["bw"])
+               for o in m8.step_time(b).breakdown if o.bound != "host")
+    assert m8.roofline_floor(b) == pytest.approx(want, rel=1e-12)
+    assert m8.roofline_floor(b) < m8.step_seconds(b)
+
+
+def test_qkv_bias_bytes_qwen():
+    """Qwen2.5 has q/k/v biases: n bf16 bias elements more per layer."""
+    m = model("model.name=qwen2.5-7b", "hardware.name=a100-sxm4-80gb")
+    n, k = (28 + 2 * 4) * 128, 3584
+    f, b, s = gemm(1, n, k, A100, 28)
+    f1 = 2.0 * n * k
+    b1 = n * k * 2 + n * 2 + (n + k) * 2
+    s1 = roof(f1, b1, A100["peak"], A100["bw"], GEMM) + KFIX
+    check(ops(m, decode(1, 10))["qkv_proj"], f1 * 28, b1 * 28, s1 * 28)
