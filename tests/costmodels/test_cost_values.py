@@ -701,7 +701,7 @@ def test_qkv_bias_bytes_qwen():
     """Qwen2.5 has q/k/v biases: n bf16 bias elements more per layer."""
     m = model("model.name=qwen2.5-7b", "hardware.name=a100-sxm4-80gb")
     n, k = (28 + 2 * 4) * 128, 3584
-    f, b, s = gemm(1, n, k, A100, 28)
+    _f, _b, _s = gemm(1, n, k, A100, 28)
     f1 = 2.0 * n * k
     b1 = n * k * 2 + n * 2 + (n + k) * 2
     s1 = roof(f1, b1, A100["peak"], A100["bw"], GEMM) + KFIX
