@@ -706,3 +706,110 @@ def test_qkv_bias_bytes_qwen():
     b1 = n * k * 2 + n * 2 + (n + k) * 2
     s1 = roof(f1, b1, A100["peak"], A100["bw"], GEMM) + KFIX
     check(ops(m, decode(1, 10))["qkv_proj"], f1 * 28, b1 * 28, s1 * 28)
+
+
+def test_forward_activation_bytes_by_value():
+    """Peak live activations per token (bf16 elements): max(attention block 2h + qkv + out,
+    MLP block 3h + 3·I/tp; MoE 2h + top_k·(3·I_moe/tp + h) (+ 3·I_shared/tp))."""
+    from servesim.costmodels.memory import forward_activation_bytes
+    from servesim.costmodels.specs import load_model_spec
+
+    def spec(name):
+        return load_model_spec(make_cfg(f"model.name={name}").model)
+
+    l8 = spec("llama-3.1-8b")
+    assert forward_activation_bytes(l8, 100, 2) == 100 * max(
+        2 * 4096 + (16 + 2 * 4) * 128 + 16 * 128, 3 * 4096 + 3 * 7168) * 2
+    l70 = spec("llama-3.1-70b")
+    # TP 16: 4 query heads, 1 (replicated) KV head; MLP 3h + 3·1792
+    assert forward_activation_bytes(l70, 10, 16) == 10 * max(
+        2 * 8192 + (4 + 2) * 128 + 4 * 128, 3 * 8192 + 3 * 1792) * 2
+    mx = spec("mixtral-8x7b")
+    assert forward_activation_bytes(mx, 7, 2) == 7 * max(
+        2 * 4096 + (16 + 8) * 128 + 16 * 128, 2 * 4096 + 2 * (3 * 7168 + 4096)) * 2
+    ds = spec("deepseek-v3")
+    attn = 2 * 7168 + 16 * (128 + 64) + 512 + 64 + 16 * 128
+    moe = 2 * 7168 + 8 * (3 * 256 + 7168) + 3 * 256
+    assert forward_activation_bytes(ds, 3, 8) == 3 * max(attn, 3 * 7168 + 3 * 2304, moe) * 2
+    # with few sequences the forward pass, not the sampler, sets the activation peak
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "scheduler.max_num_seqs=16"))
+    assert p.activation_peak_bytes == forward_activation_bytes(l8, 2048, 1) == 2048 * (
+        3 * 4096 + 3 * 14336) * 2
+
+
+def test_tied_embeddings_partial_rotary_and_bias_weights(tmp_path):
+    """A config.json with tied embeddings (the LM head is the embedding on one stage, a copy
+    on the last stage with PP), q/k/v biases and a partial rotary dimension."""
+    import json
+
+    cfgjson = {"architectures": ["X"], "model_type": "llama", "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+               "tie_word_embeddings": True, "attention_bias": True,
+               "partial_rotary_factor": 0.5}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfgjson))
+    h, hd, L = 256, 32, 4
+    v = -(-1000 // 64) * 64  # vocab padded to 1024
+    qkv_n = (8 + 2 * 2) * hd
+    linears = (qkv_n * h + qkv_n) * 2 + h * h * 2 + 2 * 512 * h * 2 + h * 512 * 2
+    norms = 2 * h * L * 2
+    rope = 4096 * (hd // 2) * 2
+    p1 = plan_memory(make_cfg(f"model.name={path}", "hardware.name=a100-sxm4-80gb"))
+    assert p1.weights_bytes == L * linears + norms + v * h * 2 + h * 2 + rope
+    p2 = plan_memory(make_cfg(f"model.name={path}", "hardware.name=a100-sxm4-80gb",
+                              "parallel.pipeline_parallel_size=2"))
+    # 2 layers per stage; the busier end stage holds the embedding or head + final norm
+    assert p2.weights_bytes == 2 * linears + 2 * h * 2 * 2 + v * h * 2 + h * 2 + rope
+
+
+def test_memory_log_lines_and_dict_by_value():
+    p = plan_memory(make_cfg("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
+                             "parallel.tensor_parallel_size=4"))
+    g = GIB
+    lines = p.log_lines()
+    assert lines[0] == f"Model loading took {p.weights_bytes / g:.4f} GiB"
+    assert lines[1] == (
+        f"Memory profiling: total_gpu_memory ({p.total_bytes / g:.2f}GiB) x "
+        f"gpu_memory_utilization (0.90) = {p.requested_bytes / g:.2f}GiB; model weights take "
+        f"{p.weights_bytes / g:.2f}GiB; non_torch_memory takes "
+        f"{(p.non_torch_bytes + p.comm_bytes) / g:.2f}GiB; PyTorch activation peak memory "
+        f"takes {p.activation_peak_bytes / g:.2f}GiB; the rest of the memory reserved for KV "
+        f"Cache is {p.available_kv_bytes / g:.2f}GiB.")
+    assert lines[-1] == (f"CUDA graph pool ~{p.cudagraph_bytes / g:.2f} GiB (from the "
+                         "(1 - gpu_memory_utilization) headroom)")
+    assert lines[-2] == f"# GPU blocks: {p.num_gpu_blocks}, # CPU blocks: 0"
+    d = p.as_dict()
+    assert d["notes"] == [] and d["model"] == "llama-3.1-70b" and d["hardware"] == "h100-sxm"
+    assert (d["tensor_parallel_size"], d["pipeline_parallel_size"]) == (4, 1)
+    assert d["cudagraph_in_kv_budget"] is False
+
+
+def test_sliding_window_request_tokens_exactly():
+    p = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb",
+                             "scheduler.max_num_batched_tokens=2050"))
+    assert p.blocks_per_request == -(-(4096 - 1 + 2050) // 16) == 385
+
+
+def test_graph_pool_follows_the_capture_sizes():
+    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "compilation.max_cudagraph_capture_size=64"))
+    sizes = [1, 2, 4] + list(range(8, 65, 8))
+    per_tok = 3 * 4096 + 3 * 14336
+    assert p.cudagraph_bytes == len(sizes) * 2 * 4 * 2**20 + 64 * per_tok * 2
+    q = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "compilation.cudagraph_capture_sizes=[1,3,100]"))
+    assert q.cudagraph_bytes == 3 * 2 * 4 * 2**20 + 100 * per_tok * 2
+
+
+def test_max_model_len_error_names_the_estimate():
+    """The estimate in vLLM's message: available // block bytes · block size tokens."""
+    from servesim.simulator.errors import CapacityError
+
+    ok = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4",
+                              "model.max_model_len=16384"))
+    est = (ok.available_kv_bytes // ok.block_bytes) * 16
+    with pytest.raises(CapacityError, match=f"estimated maximum model length is {est}\\."):
+        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4"))
+    assert ok.model == "llama-3.1-8b" and ok.hardware == "l4"
