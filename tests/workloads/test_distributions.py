@@ -10,6 +10,7 @@ proportion √(p(1 − p)/n); a Poisson count √λ.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -404,3 +405,46 @@ def test_session_keeps_a_first_turn_over_the_limit():
     # turn 1: 500 + 100 + 10 = 610 prompt + 100 output = 710 ≤ 720; turn 2 would be 820
     assert [(r.turn, r.prompt_len) for r in reqs if r.session_id == "s0"] == [(0, 500),
                                                                              (1, 610)]
+
+
+def test_generators_are_deterministic_and_ids_well_formed():
+    """Same config → identical requests (every field); request ids 0..n−1 in order; block
+    ids in their documented ranges, distinct where content differs."""
+    from servesim.workloads.generators import (
+        RANDOM_PREFIX_BASE,
+        SESSION_BASE,
+        SESSION_SYSTEM_BASE,
+    )
+
+    syn = SyntheticWorkload(num_prompts=300, request_rate=10, seed=5,
+                            input=LognormalDist(median=100, sigma=0.5),
+                            output=ExponentialDist(mean=20),
+                            prefix_groups=PrefixGroups(num_groups=2, lengths=[32, 48]))
+    ses = SessionsWorkload(num_sessions=40, session_rate=3, seed=6, system_prompt_len=40,
+                           turns=UniformDist(low=1, high=3), output=ExponentialDist(mean=30),
+                           user_input=UniformDist(low=1, high=50))
+    for cfg in (syn, ses, RandomWorkload(num_prompts=50, request_rate=2, prefix_len=40,
+                                         range_ratio=0.5, seed=7)):
+        a = [dataclasses.asdict(r) for r in build_workload(cfg, block_size=16,
+                                                           max_model_len=10_000)]
+        b = [dataclasses.asdict(r) for r in build_workload(cfg, block_size=16,
+                                                           max_model_len=10_000)]
+        assert a == b
+    rs = list(build_workload(syn, block_size=16))
+    assert [r.request_id for r in rs] == [str(i) for i in range(300)]
+    g = {r.prefix_block_ids for r in rs}
+    assert {len(x) for x in g} == {2, 3}
+    for ids in g:
+        base = SYNTHETIC_GROUP_BASE + ((ids[0] - SYNTHETIC_GROUP_BASE) >> 24 << 24)
+        assert list(ids) == [base + j for j in range(len(ids))]
+    rnd = list(build_workload(RandomWorkload(num_prompts=3, prefix_len=40), block_size=16))
+    assert rnd[0].prefix_block_ids == (RANDOM_PREFIX_BASE, RANDOM_PREFIX_BASE + 1)
+    sess = list(build_workload(ses, block_size=16, max_model_len=10_000))
+    own = []
+    for r in sess:
+        assert r.prefix_block_ids[:2] == (SESSION_SYSTEM_BASE, SESSION_SYSTEM_BASE + 1)
+        if r.turn == 0:
+            own += [x for x in r.prefix_block_ids[2:]]
+    assert len(own) == len(set(own)) and min(own) == SESSION_BASE
+    assert [r.request_id for r in sess if r.session_id == "s0"] == [
+        f"s0-t{k}" for k in range(sum(r.session_id == "s0" for r in sess))]
