@@ -813,3 +813,85 @@ def test_max_model_len_error_names_the_estimate():
     with pytest.raises(CapacityError, match=f"estimated maximum model length is {est}\\."):
         plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4"))
     assert ok.model == "llama-3.1-8b" and ok.hardware == "l4"
+
+
+# ---------------------------------------------------------------------------------------------
+# calibrated GEMMs: measured seconds at measured points, the grouped-GEMM efficiency for MoE
+
+
+def _calibrated(model_name, hw_name, rows, *overrides, tp=1):
+    """A cost model whose calibration holds only the given GEMM rows (peaks 100 TFLOP/s bf16,
+    200 fp8, 1000 GB/s)."""
+    from pathlib import Path
+
+    from servesim.costmodels.calibration import Calibration
+    from servesim.costmodels.quant import resolve_weight_format
+    from servesim.costmodels.specs import load_hardware_spec, load_model_spec
+    from servesim.costmodels.step import StepCostModel
+
+    cfg = make_cfg(f"model.name={model_name}", f"hardware.name={hw_name}",
+                   f"parallel.tensor_parallel_size={tp}", *overrides)
+    spec, hw = load_model_spec(cfg.model), load_hardware_spec(cfg.hardware)
+    doc = {"version": 2, "gpu": hw_name, "gemm": rows,
+           "peaks": {"bf16_tflops": 100.0, "fp8_tflops": 200.0, "mem_bw_gbps": 1000.0,
+                     "link_bw_gbps": 100.0}}
+    return StepCostModel(spec, hw, tp=tp, calibration=Calibration(Path("t.yaml"), doc, None),
+                         weight_format=resolve_weight_format(cfg.model, spec, hw),
+                         cudagraph_sizes=[1, 2, 4, 8])
+
+
+def test_calibrated_dense_gemms_take_the_measured_time():
+    """Dense linears at a measured (m, n, k): seconds = layers × the measured time (fixed
+    costs included), efficiency = the roofline at 100% / that time."""
+    rows = [{"dtype": "bfloat16", "n": n, "k": k, "m": [1, 8, 64], "seconds": [a, b, c]}
+            for (n, k), (a, b, c) in {(6144, 4096): (1e-5, 2e-5, 9e-5),
+                                      (4096, 4096): (7e-6, 1.1e-5, 6e-5),
+                                      (28672, 4096): (4e-5, 5e-5, 3e-4),
+                                      (4096, 14336): (2e-5, 3e-5, 1.5e-4)}.items()]
+    m = _calibrated("llama-3.1-8b", "a100-sxm4-80gb", rows)
+    o = ops(m, decode(8, 100))
+    for name, t in (("qkv_proj", 2e-5), ("o_proj", 1.1e-5), ("gate_up_proj", 5e-5),
+                    ("down_proj", 3e-5)):
+        assert o[name].seconds == pytest.approx(32 * t, rel=1e-12), name
+        assert o[name].provenance == "calibration:t.yaml"
+        roof = max(o[name].flops / 32 / A100["peak"], o[name].bytes / 32 / A100["bw"])
+        assert o[name].efficiency == pytest.approx(roof / t, rel=1e-12)
+        assert o[name].bound == ("compute" if o[name].flops / A100["peak"] >
+                                 o[name].bytes / A100["bw"] else "memory")
+    # the LM head (128256 × 4096, not in the table) falls back to the roofline
+    assert o["lm_head"].provenance.startswith("roofline:nearest")
+
+
+def test_calibrated_fp8_gemms_use_the_fp8_table():
+    rows = [{"dtype": dt, "n": 28672, "k": 4096, "m": [1, 8], "seconds": [t, 2 * t]}
+            for dt, t in (("bfloat16", 4e-5), ("fp8", 1e-5))]
+    m = _calibrated("llama-3.1-8b", "h100-sxm", rows, "model.quantization=fp8")
+    assert ops(m, decode(8, 100))["gate_up_proj"].seconds == pytest.approx(32 * 2e-5,
+                                                                          rel=1e-12)
+    b = _calibrated("llama-3.1-8b", "h100-sxm", rows)
+    assert ops(b, decode(8, 100))["gate_up_proj"].seconds == pytest.approx(32 * 8e-5,
+                                                                          rel=1e-12)
+
+
+def test_calibrated_moe_experts_use_the_efficiency_at_rows_per_expert():
+    """Mixtral TP 2, 8 tokens decode: rows = 8·top_k = 16 (token, expert) pairs over
+    E·(1 − (1 − k/E)^8) active experts, m = rows / active per expert; the table's measured
+    efficiency there, eff = min(1, roofline_table(m) / t), scales the op's own roofline."""
+    E, k = 8, 2
+    act = E * (1 - (1 - k / E) ** 8)
+    m_eff = 16 / act
+    shapes = {(14336, 4096): 3e-5, (4096, 7168): 2e-5}
+    rows = [{"dtype": "bfloat16", "n": n, "k": kk, "m": [m_eff], "seconds": [t]}
+            for (n, kk), t in shapes.items()]
+    m = _calibrated("mixtral-8x7b", "h100-sxm", rows, tp=2)
+    want = 0.0
+    for (n, kk), t in shapes.items():
+        flops = 2.0 * 16 * n * kk
+        nbytes = act * n * kk * 2 + 16 * (n + kk) * 2
+        roof = max(flops / H100["peak"], nbytes / H100["bw"])
+        table_roof = max(2 * m_eff * n * kk / 100e12,
+                         (n * kk * 2 + m_eff * kk * 2 + m_eff * n * 2) / 1000e9)
+        want += roof / min(1.0, table_roof / t)
+    o = ops(m, decode(8, 100))["experts"]
+    assert o.seconds == pytest.approx(32 * want, rel=1e-9)
+    assert o.provenance == "calibration:t.yaml"
