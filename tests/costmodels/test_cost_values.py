@@ -895,3 +895,24 @@ def test_calibrated_moe_experts_use_the_efficiency_at_rows_per_expert():
     o = ops(m, decode(8, 100))["experts"]
     assert o.seconds == pytest.approx(32 * want, rel=1e-9)
     assert o.provenance == "calibration:t.yaml"
+
+
+def test_forward_activation_attention_block_dominates(tmp_path):
+    """A narrow MLP (intermediate 64): the attention block 2h + qkv + out sets the peak."""
+    import json
+
+    from servesim.costmodels.memory import forward_activation_bytes
+    from servesim.costmodels.specs import load_model_spec
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 256, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "vocab_size": 1000, "max_position_embeddings": 2048}))
+    spec = load_model_spec(make_cfg(f"model.name={path}").model)
+    h, hd = 256, 32
+    for tp, nh, kv in ((1, 8, 4), (2, 4, 2), (8, 1, 1)):
+        attn = 2 * h + (nh + 2 * kv) * hd + nh * hd
+        mlp = 3 * h + 3 * -(-64 // tp)
+        assert attn > mlp
+        assert forward_activation_bytes(spec, 5, tp) == 5 * attn * 2
