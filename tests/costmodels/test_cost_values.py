@@ -819,7 +819,7 @@ def test_max_model_len_error_names_the_estimate():
 # calibrated GEMMs: measured seconds at measured points, the grouped-GEMM efficiency for MoE
 
 
-def _calibrated(model_name, hw_name, rows, *overrides, tp=1):
+def _calibrated(model_name, hw_name, rows, *overrides, tp=1, **families):
     """A cost model whose calibration holds only the given GEMM rows (peaks 100 TFLOP/s bf16,
     200 fp8, 1000 GB/s)."""
     from pathlib import Path
@@ -832,7 +832,7 @@ def _calibrated(model_name, hw_name, rows, *overrides, tp=1):
     cfg = make_cfg(f"model.name={model_name}", f"hardware.name={hw_name}",
                    f"parallel.tensor_parallel_size={tp}", *overrides)
     spec, hw = load_model_spec(cfg.model), load_hardware_spec(cfg.hardware)
-    doc = {"version": 2, "gpu": hw_name, "gemm": rows,
+    doc = {"version": 2, "gpu": hw_name, "gemm": rows, **families,
            "peaks": {"bf16_tflops": 100.0, "fp8_tflops": 200.0, "mem_bw_gbps": 1000.0,
                      "link_bw_gbps": 100.0}}
     return StepCostModel(spec, hw, tp=tp, calibration=Calibration(Path("t.yaml"), doc, None),
@@ -916,3 +916,91 @@ def test_forward_activation_attention_block_dominates(tmp_path):
         mlp = 3 * h + 3 * -(-64 // tp)
         assert attn > mlp
         assert forward_activation_bytes(spec, 5, tp) == 5 * attn * 2
+
+
+def test_calibrated_all_reduce_fields():
+    """A measured all-reduce: seconds and bytes per call × calls, bound "link", efficiency =
+    the ring roofline 2(p − 1)/p · B / link bw (spec sheet) over the measured time."""
+    B = 8 * 4096 * 2
+    ar = [{"mode": "graph", "dtype": "bfloat16", "tp": 2, "bytes": [B, 10 * B],
+           "seconds": [7e-6, 2e-5]}]
+    m = _calibrated("llama-3.1-8b", "h100-sxm", [], tp=2, allreduce=ar)
+    o = ops(m, decode(8, 100))["all_reduce"]
+    assert (o.count, o.seconds, o.bytes, o.flops, o.bound) == (65, pytest.approx(65 * 7e-6),
+                                                                65 * B, 0.0, "link")
+    assert o.efficiency == pytest.approx((2 * 1 / 2 * B / 450e9) / 7e-6, rel=1e-12)
+    assert o.provenance == "calibration:t.yaml"
+
+
+def test_scheduler_defaults_by_memory_and_kind():
+    from servesim.costmodels.specs import HardwareSpec
+    from servesim.costmodels.step import scheduler_defaults
+
+    def hw(name, gib):
+        return HardwareSpec(name=name, bf16_tflops=1.0, memory_gib=gib, mem_bw_gbps=1.0)
+
+    assert scheduler_defaults(hw("h100-sxm", 79.11)) == (1024, 8192)
+    assert scheduler_defaults(hw("x", 70.0)) == (1024, 8192)
+    assert scheduler_defaults(hw("x", 69.9)) == (256, 2048)
+    assert scheduler_defaults(hw("a100-sxm4-80gb", 79.15)) == (256, 2048)
+    assert scheduler_defaults(hw("l40s", 44.39)) == (256, 2048)
+
+
+def test_build_cost_model_passes_the_resolved_config():
+    from servesim.costmodels.step import HostOverhead
+
+    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+                   "hardware.calibration=none", "scheduler.max_num_seqs=48",
+                   "scheduler.max_num_batched_tokens=1000")
+    m = build_cost_model(cfg)
+    assert (m.max_num_seqs, m.max_num_batched_tokens) == (48, 1000)
+    assert m.capture_sizes[-1] == 96  # min(2·48, 512) capped by 1000 tokens
+    host = HostOverhead(per_step_s=1e-3, per_request_s=0.0, per_token_s=0.0)
+    h = build_cost_model(cfg, host=host)
+    b = decode(8, 100)
+    assert h.step_time(b).host_seconds == 1e-3
+    assert h.step_seconds(b) - m.step_seconds(b) == pytest.approx(
+        1e-3 - (PER_STEP + 8 * PER_REQ + 8 * PER_TOK), rel=1e-9)
+    unresolved = make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+                          "hardware.calibration=none", resolve=False)
+    u = build_cost_model(unresolved)
+    assert (u.max_num_seqs, u.max_num_batched_tokens) == (1024, 8192)
+
+
+def test_eager_launch_counts_for_moe_and_mla():
+    """Eager CPU launches per step: per layer 2 norms + rope + 2 attention kernels + one per
+    attention GEMM; MLP: dense 2 GEMMs + act, MoE router (2) + fused experts (6) (+ a dense
+    shared expert: 2 GEMMs + act); + embedding + final norm; + 2 all-reduces per layer + 1 at
+    TP > 1; + LM head and sampler (9)."""
+    mx = model("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+               "parallel.tensor_parallel_size=2", "model.enforce_eager=true")
+    o = ops(mx, decode(2, 100))
+    assert o["kernel_launch"].count == 32 * (5 + 2 + 8) + 2 + 65 + 9
+    ds = model("model.name=deepseek-v3", "hardware.name=h200-sxm",
+               "parallel.tensor_parallel_size=8", "model.enforce_eager=true")
+    o = ops(ds, decode(2, 100))
+    assert o["kernel_launch"].count == 61 * (5 + 4) + 3 * 3 + 58 * (8 + 3) + 2 + 123 + 9
+
+
+def test_gemm_table_formats():
+    """Which measured GEMM table a linear uses: bf16 weights → bfloat16; W8A8 fp8 → fp8
+    (fp8_block for block-scaled checkpoints), 1-byte activations; int8 → int8; weight-only
+    formats keep their name with bf16 activations; unquantized linears (router, LM head)
+    always bfloat16."""
+    from servesim.costmodels.specs import Linear
+
+    lin = Linear("x", "gate_up_proj", 10, 10, 1)
+    head = Linear("h", "lm_head", 10, 10, 1, "replicated", quantized=False)
+    cases = {
+        ("llama-3.1-8b", "h100-sxm", "none"): ("bfloat16", 2.0, 2, "bf16"),
+        ("llama-3.1-8b", "h100-sxm", "fp8"): ("fp8", 1.0, 1.0, "fp8"),
+        ("llama-3.1-8b", "h100-sxm", "int8"): ("int8", 1.0, 1.0, "int8"),
+        ("llama-3.1-8b", "a100-sxm4-80gb", "fp8"): ("fp8", 1.0, 2, "bf16"),
+        ("llama-3.1-8b", "h100-sxm", "int4-awq"): ("int4-awq", 0.5 + 2 / 128, 2, "bf16"),
+        ("deepseek-v3", "h200-sxm", "none"): ("fp8_block", 1.0 + 4 / (128 * 128), 1.0, "fp8"),
+    }
+    for (name, hw, q), want in cases.items():
+        m = model(f"model.name={name}", f"hardware.name={hw}", f"model.quantization={q}",
+                  *(("parallel.tensor_parallel_size=8",) if name == "deepseek-v3" else ()))
+        assert m._gemm_format(lin) == pytest.approx(want), (name, hw, q)
+        assert m._gemm_format(head) == ("bfloat16", 2, 2, "bf16")
