@@ -1004,3 +1004,48 @@ def test_gemm_table_formats():
                   *(("parallel.tensor_parallel_size=8",) if name == "deepseek-v3" else ()))
         assert m._gemm_format(lin) == pytest.approx(want), (name, hw, q)
         assert m._gemm_format(head) == ("bfloat16", 2, 2, "bf16")
+
+
+def test_calibrated_moe_op_fields():
+    """The measured fused-MoE layer time replaces only the routed experts' seconds: counts,
+    FLOPs, bytes and bound stay the roofline op's; efficiency = roofline at 100% / seconds."""
+    moe = [{"dtype": "bfloat16", "distribution": "balanced", "hidden": 4096, "inter": 14336,
+            "topk": 2, "experts": 8, "tp": 2, "ep": 1, "tokens": [1, 8, 64],
+            "seconds": [1e-4, 1.5e-4, 2e-4]}]
+    plain = model("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+                  "parallel.tensor_parallel_size=2")
+    m = _calibrated("mixtral-8x7b", "h100-sxm", [], tp=2, moe=moe)
+    a, b = ops(plain, decode(8, 100))["experts"], ops(m, decode(8, 100))["experts"]
+    assert (b.count, b.flops, b.bytes, b.bound) == (a.count, a.flops, a.bytes, a.bound)
+    assert b.seconds == pytest.approx(32 * 1.5e-4, rel=1e-12)
+    assert b.efficiency == pytest.approx(
+        max(a.flops / H100["peak"], a.bytes / H100["bw"]) / b.seconds, rel=1e-12)
+    assert b.provenance == "calibration:t.yaml"
+    c = ops(m, decode(1, 100))["experts"]  # the next token count is looked up anew
+    assert c.seconds == pytest.approx(32 * 1e-4, rel=1e-12)
+
+
+def test_calibrated_prefill_attention_with_a_sliding_window():
+    """Mistral-7B (window 4096), measured chunk times at cached contexts 0 and 2992: a chunk
+    of c tokens after p cached ones uses the table at min(p rounded down to 16, w) and, when
+    c > w, the measured time scaled by windowed pairs / full causal pairs; + 2 µs per layer
+    for reshape_and_cache (the measured kernel includes its own fixed cost)."""
+    w = 4096
+    rows = [{"kv_dtype": "bfloat16", "head_dim": 128, "num_kv_heads": 8, "num_heads": 32,
+             "batch": 1, "context": ctx, "chunk": [1000, 5000, 6000],
+             "seconds": [s * 1e-5, s * 4e-5, s * 5e-5]} for ctx, s in ((0, 1.0), (2992, 2.0))]
+    m = _calibrated("mistral-7b-v0.1", "a100-sxm4-80gb", [], prefill_attention=rows)
+
+    def wp(n):
+        return n * (n + 1) / 2 if n <= w else w * (w + 1) / 2 + (n - w) * w
+
+    p, c = 3000, 5000
+    p16 = (p >> 4) << 4
+    assert p16 == 2992
+    t = 2 * 4e-5 * (wp(p16 + c) - wp(p16)) / (c * p16 + c * (c + 1) / 2)
+    a = ops(m, prefill(c, p))["attn"]
+    assert a.seconds == pytest.approx(32 * (t + 2e-6), rel=1e-9)
+    assert a.provenance == "calibration:t.yaml"
+    # a chunk inside the window: the measured time as is
+    b = ops(m, prefill(1000, 3000))["attn"]
+    assert b.seconds == pytest.approx(32 * (2e-5 + 2e-6), rel=1e-9)
