@@ -142,19 +142,47 @@ def scheduler_defaults(hw: HardwareSpec) -> tuple[int, int]:
     return 256, 2048
 
 
+def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+                 max_model_len: int, enable_chunked_prefill: bool = True) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as vLLM's
+    ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` fills unset ones: the
+    hardware defaults (:func:`scheduler_defaults`); an unset token budget is at least
+    max_model_len without chunked prefill and at most max_num_seqs · max_model_len; an unset
+    max_num_seqs is at most the token budget."""
+    seq_default, tok_default = scheduler_defaults(hw)
+    seqs = max_num_seqs if max_num_seqs is not None else seq_default
+    toks = max_num_batched_tokens
+    if toks is None:
+        toks = tok_default
+        if not enable_chunked_prefill:
+            toks = max(max_model_len, toks)
+        toks = min(seqs * max_model_len, toks)
+    if max_num_seqs is None:
+        seqs = min(seqs, toks)
+    return seqs, toks
+
+
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                  max_capture: int | None = None, sizes: list[int] | None = None) -> list[int]:
-    """vLLM's CUDA-graph capture sizes (tokens): ``[1, 2, 4] + range(8, 256, 8) +
-    range(256, max + 1, 16)`` with max = min(2·max_num_seqs, 512), capped by
-    max_num_batched_tokens; or the configured list / maximum."""
+                  max_capture: int | None = None, sizes: list[int] | None = None,
+                  decode_query_len: int = 1) -> list[int]:
+    """vLLM's CUDA-graph capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``):
+    max = min(max_num_batched_tokens, max_cudagraph_capture_size or min(2 · max_num_seqs ·
+    decode_query_len, 512)); sizes ``[1, 2, 4] + range(8, min(max + 1, 256), 8) +
+    range(256, max + 1, 16)``, plus max_num_batched_tokens itself when it is ≤ max. A
+    configured list is only filtered by max_num_batched_tokens."""
     if sizes:
-        out = sorted({int(s) for s in sizes})
-        if max_capture:
-            out = [s for s in out if s <= max_capture]
-        return out
-    top = min(max_capture or min(2 * max_num_seqs, 512), max_num_batched_tokens)
-    ladder = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
-    return [s for s in ladder if s <= top] or [1]
+        return sorted({int(s) for s in sizes if s <= max_num_batched_tokens})
+    top = max_capture if max_capture is not None else min(
+        2 * max_num_seqs * decode_query_len, 512)
+    top = min(top, max_num_batched_tokens)
+    out = [i for i in (1, 2, 4) if i <= top]
+    if top >= 8:
+        out += range(8, min(top + 1, 256), 8)
+    if top >= 256:
+        out += range(256, top + 1, 16)
+    if max_num_batched_tokens <= top:
+        out.append(max_num_batched_tokens)
+    return sorted(set(out))
 
 
 def validate_parallel(spec: ModelSpec, tp: int, pp: int) -> None:
@@ -769,11 +797,10 @@ class StepCostModel:
 def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
     """(max_num_seqs, max_num_batched_tokens, max_model_len), filling vLLM defaults when the
     config has not been through ``resolve_config`` yet."""
-    seqs, toks = scheduler_defaults(hw)
     sc = cfg.scheduler
-    seqs = sc.max_num_seqs or seqs
-    toks = sc.max_num_batched_tokens or toks
     mml = cfg.model.max_model_len or spec.max_position_embeddings
+    seqs, toks = batch_limits(hw, sc.max_num_seqs, sc.max_num_batched_tokens, mml,
+                              sc.enable_chunked_prefill)
     return seqs, toks, mml
 
 

@@ -51,8 +51,13 @@ class SchedulerConfig(_Section):
     )
     long_prefill_token_threshold: int = Field(0, ge=0)
     enable_chunked_prefill: bool = True
-    async_scheduling: bool = Field(
-        False, description="Overlap host (scheduling, input prep) with the GPU step"
+    async_scheduling: bool | None = Field(
+        None, description="vLLM's async scheduling (two batches in flight, host work hidden "
+        "behind the GPU); null = on, as vLLM resolves it for generation models"
+    )
+    reserve_full_isl: bool = Field(
+        True, description="vLLM scheduler_reserve_full_isl: admit a request only when free KV "
+        "blocks cover its whole prompt, not only its first chunk"
     )
 
 
@@ -319,9 +324,14 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
       larger value is refused, like vLLM without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
     - ``scheduler.max_num_seqs`` / ``max_num_batched_tokens``: ``vllm serve`` defaults — 1024 /
       8192 on GPUs with >= 70 GiB that are not A100s (H100, H200, MI300X, B200), else 256 / 2048
-      (ecosystem-formats.md §3). Without chunked prefill the budget is at least max_model_len.
+      (ecosystem-formats.md §3), adjusted as vLLM's ``arg_utils`` does
+      (:func:`~servesim.costmodels.step.batch_limits`).
+    - ``scheduler.async_scheduling``: null → true (vLLM ``VllmConfig``: on for generation
+      models on the default executors).
+    - ``compilation``: the CUDA-graph capture sizes and their maximum as vLLM computes them.
     """
     from servesim.costmodels import load_hardware_spec, load_model_spec
+    from servesim.costmodels.step import batch_limits, capture_sizes
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
@@ -333,14 +343,12 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(
             f"model.max_model_len: {c.model.max_model_len} is larger than the model's "
             f"max_position_embeddings ({mpe})")
-    big = hw.memory_gib >= 70 and "a100" not in hw.name.lower()
     s = c.scheduler
-    if s.max_num_seqs is None:
-        s.max_num_seqs = 1024 if big else 256
-    if s.max_num_batched_tokens is None:
-        s.max_num_batched_tokens = 8192 if big else 2048
-        if not s.enable_chunked_prefill:
-            s.max_num_batched_tokens = max(s.max_num_batched_tokens, c.model.max_model_len)
+    s.max_num_seqs, s.max_num_batched_tokens = batch_limits(
+        hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,
+        s.enable_chunked_prefill)
+    if s.async_scheduling is None:
+        s.async_scheduling = True
     if s.max_num_batched_tokens < s.max_num_seqs:
         raise ConfigError(
             f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}) must be greater "
@@ -360,6 +368,18 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(
             f"parallel.pipeline_parallel_size: {c.parallel.pipeline_parallel_size} is larger "
             f"than the number of layers ({spec.num_hidden_layers})")
-    if c.compilation.max_cudagraph_capture_size is None:
-        c.compilation.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
+    comp = c.compilation
+    if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
+        sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens,
+                              comp.max_cudagraph_capture_size, comp.cudagraph_capture_sizes)
+        top = sizes[-1] if sizes else 0
+        if (comp.cudagraph_capture_sizes is not None and comp.max_cudagraph_capture_size
+                is not None and comp.max_cudagraph_capture_size != top):
+            raise ConfigError(
+                f"compilation.max_cudagraph_capture_size ({comp.max_cudagraph_capture_size}) "
+                f"should be consistent with the max value of cudagraph_capture_sizes ({top})")
+        comp.cudagraph_capture_sizes = sizes
+        comp.max_cudagraph_capture_size = top
+    elif comp.max_cudagraph_capture_size is None:
+        comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
     return c

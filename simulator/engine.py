@@ -2,7 +2,9 @@
 
 One event per engine step (``EngineCore.step``: schedule → execute → update_from_output): the
 step's duration comes from the cost model; the engine sleeps when nothing is runnable and
-wakes on an arrival. The client sends requests like ``vllm bench serve``: at their arrival
+wakes on an arrival. With async scheduling (vLLM's default) the engine keeps two batches in
+flight (``EngineCore.step_with_batch_queue``): batch k+1 is scheduled when batch k−1 returns,
+while batch k runs, so a request that arrives during batch k first runs in batch k+2. The client sends requests like ``vllm bench serve``: at their arrival
 times, through an optional ``max_concurrency`` semaphore, and multi-turn follow-ups after their
 parent finishes (plus think time). Requests the API server would refuse are rejected at send
 time and counted as failed, never dropped.
@@ -112,9 +114,14 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
                  recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0,
-                 max_concurrent_batches: int = 1):
+                 max_concurrent_batches: int = 1, async_scheduling: bool = False):
         self.env = env
+        # vLLM executors: max_concurrent_batches = pp, or 2 with async scheduling and pp == 1.
         self.max_concurrent_batches = max_concurrent_batches
+        self.async_scheduling = async_scheduling
+        # Tests: a list receiving (time scheduled, {request_id: tokens}, [preempted ids]) for
+        # every non-empty batch (needs the scheduler's ``record_schedules``).
+        self.trace: list | None = None
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.step_seconds = step_seconds
@@ -179,10 +186,17 @@ class Replica:
 
         return record
 
+    def _trace(self, out) -> None:
+        self.trace.append((out.scheduled_at, out.as_dict(),
+                           [r.request_id for r in out.preempted]))
+
     def _run(self):
         """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update."""
         if self.max_concurrent_batches > 1:
             yield from self._run_batch_queue()
+            return
+        if self.async_scheduling:
+            yield from self._run_async()
             return
         env = self.env
         sched = self.scheduler
@@ -196,10 +210,15 @@ class Replica:
                 continue
             out = sched.schedule()
             if out.total_num_scheduled_tokens == 0:
+                if out.preempted:  # blocks were freed: vLLM's next step() schedules again
+                    continue
                 # Nothing fits and nothing runs: cannot happen for requests that passed the
                 # admission check; wait for the next arrival rather than spin.
                 yield from self._idle()
                 continue
+            out.scheduled_at = env.now
+            if self.trace is not None:
+                self._trace(out)
             dt = step_seconds(out.shape)
             yield env.timeout(dt)
             now = env.now
@@ -209,14 +228,66 @@ class Replica:
             for r in finished:
                 on_finish(r)
 
+    def _run_async(self):
+        """``EngineCore.step_with_batch_queue`` with async scheduling (queue two deep): while
+        batch k runs on the GPU, batch k+1 is scheduled (right after batch k−1 returned), so
+        batches run back to back and the host's work hides behind the GPU's (the cost model
+        charges an async step ``max(gpu, host) + residual``).
+
+        A batch's end time is known when it is scheduled, so its counters are advanced at
+        once (``update_from_output(defer=True)``: the next ``schedule()`` sees them as vLLM's
+        output placeholders); what vLLM learns only when the batch returns — which requests
+        stopped — is applied then (``finish_pending``), freeing their blocks and seats one
+        batch later than synchronous scheduling does."""
+        env = self.env
+        sched = self.scheduler
+        itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
+        step_seconds = self.step_seconds
+        on_finish = self.on_finish
+        record = self._recorder()
+        inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
+        last_end = 0.0  # end of the batch scheduled last
+        while True:
+            if len(inflight) < 2 and sched.has_requests():
+                out = sched.schedule()
+                if out.total_num_scheduled_tokens:
+                    now = env.now
+                    out.scheduled_at = now
+                    if self.trace is not None:
+                        self._trace(out)
+                    dt = step_seconds(out.shape)
+                    end = (last_end if last_end > now else now) + dt
+                    pending = sched.update_from_output(out, end, end - last_end, itl_e, itl_w,
+                                                       defer=True)
+                    last_end = end
+                    self.busy_seconds += dt
+                    inflight.append((out, end, dt, pending))
+                    if len(inflight) < 2:
+                        continue
+                elif out.preempted and not inflight:
+                    continue  # blocks were freed: schedule again at once
+            if not inflight:
+                yield from self._idle()
+                continue
+            out, end, dt, pending = inflight.popleft()
+            if end > env.now:
+                yield env.timeout(end - env.now)
+            now = env.now
+            if pending:
+                sched.finish_pending(pending, now)
+            record(out, now, dt)
+            for r in pending:
+                on_finish(r)
+
     def _run_batch_queue(self):
         """``EngineCore.step_with_batch_queue`` for pipeline parallelism: up to
         ``max_concurrent_batches`` (= pp) batches in flight. A batch's latency is the cost
         model's step time (all stages + handoffs); it holds each stage for latency / pp, so a
         new batch enters the pipeline every latency / pp while the queue has room. Requests of
         a batch in flight advance ``num_computed_tokens`` at schedule time (vLLM's
-        ``_update_after_schedule``), so an in-flight decode is not scheduled again until its
-        token is back, while a long prompt's next chunk can follow its previous one."""
+        ``_update_after_schedule``), so a long prompt's next chunk can follow its previous
+        one; an in-flight decode is scheduled again only with async scheduling, whose output
+        placeholders stand for the token not yet back (``Scheduler.advance_after_schedule``)."""
         env = self.env
         sched = self.scheduler
         itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
@@ -228,15 +299,18 @@ class Replica:
             if len(inflight) < pp and sched.has_requests():
                 out = sched.schedule()
                 if out.total_num_scheduled_tokens:
-                    for req, n, c in out.scheduled:
-                        req.num_computed_tokens = c + n
-                    out.advanced = True
+                    out.scheduled_at = env.now
+                    if self.trace is not None:
+                        self._trace(out)
+                    sched.advance_after_schedule(out)
                     latency = self.step_seconds(out.shape)
                     start = max(env.now, stage_free)
                     stage_free = start + latency / pp
                     inflight.append((out, start, start + latency))
                     self.busy_seconds += latency / pp
                     continue
+                if out.preempted and not inflight:
+                    continue  # blocks were freed: schedule again at once
             if not inflight:
                 yield from self._idle()
                 continue
@@ -322,6 +396,9 @@ class Parked:
         return spec, send
 
 
+LB_REFRESH_S = 0.1  # vLLM DPCoordinator: min_stats_update_interval_ms = 100
+
+
 class Client:
     """``vllm bench serve`` as a SimPy process: sends, concurrency limit, rejections, sessions."""
 
@@ -345,7 +422,10 @@ class Client:
         self._queue = Parked()  # client-side queue under max_concurrency (compact, FIFO)
         self._children: dict[str, list[RequestSpec]] = {}
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
-        self._rr = 0
+        # vLLM's DP load balancer (DPLBAsyncMPClient): per-engine [waiting, running] as last
+        # published by the DP coordinator, refreshed every LB_REFRESH_S of simulated time.
+        self._lb_counts: list[list[int]] = [[0, 0] for _ in replicas]
+        self._lb_next = 0.0
         self._live: dict[int, Request] = {}  # sent, not yet ended
         # Compact queue behind a single FCFS engine's first ``park_after`` waiting requests
         # (see Parked); the recorder moves them in after every step and counts them waiting.
@@ -401,11 +481,28 @@ class Client:
         self._live[req.index] = req
         if len(self.replicas) == 1:
             self.replicas[0].add_request(req)
-        else:  # vLLM DP load balancing: least (waiting·4 + running), ties round-robin
-            n = len(self.replicas)
-            best = min(range(n), key=lambda i: (self.replicas[(self._rr + i) % n].load, i))
-            self.replicas[(self._rr + best) % n].add_request(req)
-            self._rr = (self._rr + 1) % n
+        else:
+            self.replicas[self._route()].add_request(req)
+
+    def _route(self) -> int:
+        """vLLM's DP load balancing (``DPLBAsyncMPClient.get_core_engine_for_request``): the
+        engine with the least ``waiting·4 + running`` in the coordinator's last published
+        counts (every ``LB_REFRESH_S``), scanning from engine 0, first minimum wins; the chosen
+        engine's waiting count is then incremented locally until the next refresh."""
+        now = self.env.now
+        counts = self._lb_counts
+        if now >= self._lb_next:
+            for i, rep_ in enumerate(self.replicas):
+                counts[i][0] = rep_.scheduler.num_waiting
+                counts[i][1] = rep_.scheduler.num_running
+            self._lb_next = now + LB_REFRESH_S
+        best, best_score = 0, None
+        for i, (waiting, running) in enumerate(counts):
+            score = waiting * 4 + running
+            if best_score is None or score < best_score:
+                best, best_score = i, score
+        counts[best][0] += 1
+        return best
 
     def refill(self) -> None:
         """Move parked requests into the engine until it has ``park_after`` waiting."""
@@ -418,14 +515,20 @@ class Client:
             replica.add_request(req)
 
     def _reject_reason(self, req: Request) -> str:
+        """Why the API server refuses ``req`` ("" if it does not): an empty prompt, vLLM's
+        context-length check (``TokenizeParams._token_len_check``: prompt + max_tokens must
+        fit in max_model_len, whether or not ``ignore_eos`` is set; without an explicit
+        ``max_tokens`` it is what fits, at least 1), or a sequence the whole KV cache cannot
+        hold."""
         mml = self.max_model_len
         if req.prompt_len <= 0:
             return "empty prompt"
-        if req.prompt_len > mml:
-            return (f"prompt ({req.prompt_len} tokens) is longer than max_model_len ({mml})")
-        if req.eos_after is None and req.prompt_len + req.max_tokens > mml:
-            return (f"max_model_len is {mml} tokens but {req.prompt_len + req.max_tokens} were "
-                    f"requested ({req.prompt_len} prompt + {req.max_tokens} max_tokens)")
+        p, m = req.prompt_len, req.max_tokens
+        if p + m > mml:
+            return (f"This model's maximum context length is {mml} tokens. However, you "
+                    f"requested {m} output tokens and your prompt contains {p} input tokens, "
+                    f"for a total of {p + m} tokens. Please reduce the length of the input "
+                    "prompt or the number of requested output tokens.")
         final = req.prompt_len + min(req.max_tokens, req.eos_after or req.max_tokens)
         need = -(-min(final, mml) // self.block_size)
         if need > self.max_blocks:

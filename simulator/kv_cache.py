@@ -269,25 +269,40 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` (+ lookahead); None when the pool is short.
 
         Blocks needed = ceil(min(computed + hits + new + lookahead, max_model_len) / block_size)
         − blocks held − hit blocks, plus hit blocks that sit in the free queue (reviving them
         takes them out of it). On success the newly full blocks are cached at once (eager).
+
+        ``full_sequence_must_fit`` (vLLM 0.22's admission gate for new and resumed requests,
+        ``SchedulerConfig.scheduler_reserve_full_isl``): refuse unless the free blocks also
+        cover the whole sequence so far, ceil(min(num_tokens, max_model_len) / block_size)
+        − blocks held − hit blocks (≥ 0) + evictable hit blocks, not only this chunk
+        (``KVCacheManager.allocate_slots`` → ``get_num_blocks_to_allocate``).
         """
         bs = self.block_size
         pool = self.block_pool
         blocks = request.blocks
         hits = new_computed_blocks or ()
+        # Hit blocks sitting in the free queue leave it when touched: they count too.
+        evictable = sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null) if hits else 0
+        num_free = len(pool.free_block_queue._q)
+        if full_sequence_must_fit:
+            full = request.num_tokens
+            if full > self.max_model_len:
+                full = self.max_model_len
+            full_blocks = -(-full // bs) - len(blocks) - len(hits)
+            if (full_blocks if full_blocks > 0 else 0) + evictable > num_free:
+                return None
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         need_tokens = num_computed + num_new_tokens + num_lookahead_tokens
         if need_tokens > self.max_model_len:
             need_tokens = self.max_model_len
         num_new_blocks = -(-need_tokens // bs) - len(blocks) - len(hits)
-        # Hit blocks sitting in the free queue leave it when touched: they count too.
-        evictable = sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null) if hits else 0
-        if num_new_blocks + evictable > len(pool.free_block_queue._q):
+        if num_new_blocks + evictable > num_free:
             return None
         if hits:
             pool.touch(hits)

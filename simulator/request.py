@@ -76,6 +76,7 @@ class Request:
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_output_placeholders",
         "num_output_tokens",
         "num_preemptions",
         "num_tokens",
@@ -86,9 +87,11 @@ class Request:
         "prompt_token_ids",
         "request_id",
         "root_hash",
+        "run_seq",
         "send_time",
         "spec",
         "status",
+        "stop_pending",
     )
 
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
@@ -108,6 +111,12 @@ class Request:
         self.num_tokens = self.prompt_len
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        # Async scheduling with several batches in flight (pipeline parallelism): outputs
+        # scheduled but not yet returned (vLLM ``num_output_placeholders``).
+        self.num_output_placeholders = 0
+        # Async scheduling, one batch in flight: the finished status this request reaches when
+        # the batch in flight returns (its stop is not yet known to vLLM's scheduler).
+        self.stop_pending: RequestStatus | None = None
         self.status = RequestStatus.WAITING
         self.blocks: list = []
         self.num_cached_blocks = 0
@@ -127,6 +136,7 @@ class Request:
         # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
         self.d_mark = -1
         self.d_computed = 0
+        self.run_seq = 0  # position in the scheduler's running order (admission counter)
 
     # -- prefix-cache content ------------------------------------------------------------------
     def num_shared_blocks(self, block_size: int) -> int:

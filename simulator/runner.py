@@ -46,7 +46,10 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     if not resolved:
         cfg = resolve_config(cfg)
     pp = cfg.parallel.pipeline_parallel_size
-    batches = pp  # vLLM: max_concurrent_batches = pipeline_parallel_size
+    async_sched = bool(cfg.scheduler.async_scheduling)
+    # vLLM executors: max_concurrent_batches = pp (pp > 1); with pp == 1 async scheduling
+    # keeps two batches in flight (Replica._run_async).
+    batches = pp
     if pp > 1 and cfg.scheduler.policy not in ("fcfs", "priority"):
         batches = 1
         warnings.warn(
@@ -71,6 +74,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         long_prefill_token_threshold=cfg.scheduler.long_prefill_token_threshold,
         enable_chunked_prefill=cfg.scheduler.enable_chunked_prefill,
         policy=cfg.scheduler.policy,
+        reserve_full_isl=cfg.scheduler.reserve_full_isl,
+        async_scheduling=async_sched,
     )
 
     env = simpy.Environment()
@@ -88,7 +93,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
         replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
-                                max_concurrent_batches=batches))
+                                max_concurrent_batches=batches, async_scheduling=async_sched))
 
     total = workload.meta.get("num_prompts")
     with phase("simulating", total) as tick:
@@ -145,11 +150,9 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 def _park_after(cfg: ExperimentConfig) -> int | None:
     """How many waiting requests a single vLLM-FCFS engine holds before the client parks the
     rest compactly (``engine.Parked``); None where parking could change a decision (other
-    policies reorder or scan the whole queue; without chunked prefill too-long requests are
-    skipped past; several replicas route by queue length)."""
+    policies reorder or scan the whole queue; several replicas route by queue length)."""
     s = cfg.scheduler
-    if (s.policy != "fcfs" or not s.enable_chunked_prefill
-            or cfg.parallel.data_parallel_size != 1):
+    if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1:
         return None
     return PARK_AFTER_SEQS * s.max_num_seqs + 64
 

@@ -30,8 +30,8 @@ identical decisions; ``tests/simulator/test_properties.py`` checks it on random 
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from servesim.costmodels.batch import BatchShape
@@ -50,6 +50,11 @@ class SchedulerParams:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
+    # vLLM ``scheduler_reserve_full_isl``: admit a new or resumed request only when the free
+    # blocks cover its whole sequence so far, not only its first chunk.
+    reserve_full_isl: bool = True
+    # vLLM ``async_scheduling`` (``AsyncScheduler``): outputs in flight are placeholders.
+    async_scheduling: bool = False
 
 
 class SchedulerOutput:
@@ -66,7 +71,9 @@ class SchedulerOutput:
         "group_members",
         "num_group",
         "preempted",
+        "sampling",
         "scheduled",
+        "scheduled_at",
         "shape",
         "total_num_scheduled_tokens",
     )
@@ -79,9 +86,12 @@ class SchedulerOutput:
         self.total_num_scheduled_tokens = 0
         self.fast = False
         self.group_members: list[Request] | None = None  # only when recording schedules
-        # True when the engine advanced num_computed_tokens right after schedule() (several
-        # batches in flight under pipeline parallelism), as vLLM's _update_after_schedule does.
+        # True when num_computed_tokens advanced right after schedule() (several batches in
+        # flight under pipeline parallelism), as vLLM's _update_after_schedule does; then
+        # ``sampling[i]`` says whether row i returns a token (not a partial prefill chunk).
         self.advanced = False
+        self.sampling: list[bool] | None = None
+        self.scheduled_at: float | None = None  # engine time of the schedule() call
 
     def as_dict(self) -> dict[str, int]:
         """{request_id: num_scheduled_tokens} (tests; needs ``record_schedules``)."""
@@ -92,19 +102,21 @@ class SchedulerOutput:
 
 
 class _WaitingQueue:
-    """FCFS: a deque (victims are prepended). PRIORITY: a heap on (priority, arrival, index)."""
+    """FCFS: a deque (victims are prepended). PRIORITY: a heap ordered as vLLM's
+    ``Request.__lt__``: (priority, arrival_time, request_id) — ids compare as strings."""
 
     def __init__(self, priority: bool):
         self.priority = priority
         self._dq: deque[Request] = deque()
-        self._heap: list[tuple[int, float, int, Request]] = []
+        self._heap: list[tuple[int, float, str, int, Request]] = []
 
     def __len__(self) -> int:
         return len(self._heap) if self.priority else len(self._dq)
 
     def add_request(self, req: Request) -> None:
         if self.priority:
-            heapq.heappush(self._heap, (req.priority, req.arrival_time, req.index, req))
+            heapq.heappush(self._heap,
+                           (req.priority, req.arrival_time, req.request_id, req.index, req))
         else:
             self._dq.append(req)
 
@@ -115,21 +127,22 @@ class _WaitingQueue:
             self._dq.appendleft(req)
 
     def peek_request(self) -> Request:
-        return self._heap[0][3] if self.priority else self._dq[0]
+        return self._heap[0][4] if self.priority else self._dq[0]
 
     def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)[3] if self.priority else self._dq.popleft()
+        return heapq.heappop(self._heap)[4] if self.priority else self._dq.popleft()
+
+    def __contains__(self, req: Request) -> bool:
+        if self.priority:
+            return any(e[4] is req for e in self._heap)
+        return req in self._dq
 
     def remove(self, req: Request) -> None:
         if self.priority:
-            self._heap = [e for e in self._heap if e[3] is not req]
+            self._heap = [e for e in self._heap if e[4] is not req]
             heapq.heapify(self._heap)
         else:
             self._dq.remove(req)
-
-    def prepend_requests(self, reqs: Iterable[Request]) -> None:
-        for r in reversed(list(reqs)):
-            self.prepend_request(r)
 
 
 class Scheduler:
@@ -150,9 +163,11 @@ class Scheduler:
         self.block_size = params.block_size
         self.threshold = params.long_prefill_token_threshold
         self.chunked = params.enable_chunked_prefill
+        self.reserve_full_isl = params.reserve_full_isl
         self.fast_path = fast_path
         self.record_schedules = record_schedules
         self.num_preemptions = 0
+        self._run_seq = 0  # admission counter: running order as a sort key
         # Decode group (fast path) state.
         self._k = 0  # fast-step counter: members' counters are stale by (_k - d_mark)
         self._group: dict[Request, None] = {}
@@ -244,7 +259,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------
     def _clamp(self, req: Request, budget: int) -> int:
-        n = req.num_tokens - req.num_computed_tokens
+        """Tokens to schedule for a running request (vLLM's running loop, in order): what it
+        lacks (outputs in flight count as placeholders), the long-prefill threshold, the
+        budget, ``max_model_len − 1 − computed``. 0 when async scheduling already has the
+        output that reaches ``max_tokens`` in flight (vLLM skips such a request)."""
+        ph = req.num_output_placeholders
+        if ph and req.num_computed_tokens + 2 - ph >= req.prompt_len + req.max_tokens:
+            return 0  # several batches in flight (pipeline parallelism)
+        if req.num_output_tokens >= req.max_tokens:
+            return 0  # one batch in flight: its counters already hold that output
+        n = req.num_tokens + ph - req.num_computed_tokens
         if 0 < self.threshold < n:
             n = self.threshold
         if n > budget:
@@ -304,20 +328,30 @@ class Scheduler:
         k = self._k
         bucket = self._alloc_buckets[k % self.block_size]
         need = len(bucket)
+        plan_blocks = 0
         for r, n in plan:
             nb = self._blocks_needed(r, n)
             if nb > 0:
-                need += nb
-        if need > self.kv.get_num_free_blocks():
+                plan_blocks += nb
+        if need + plan_blocks > self.kv.get_num_free_blocks():
             return False
-        # Commit: members crossing a block boundary get a new block (handed out in arrival
-        # order; only block ids depend on it, no decision does).
+        # Commit: new blocks are handed out in running order, as the exact loop does (block
+        # ids decide where a later free puts which cached block in the LRU queue).
         kv = self.kv
         pool = kv.block_pool
         if bucket:
-            members = sorted(bucket, key=_by_index) if len(bucket) > 1 else bucket
-            for r, blk in zip(members, pool.get_new_blocks(len(bucket))):
-                r.blocks.append(blk)
+            members = sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket)
+            if plan_blocks:  # members and partial rows interleave in running order
+                plan_at = {r: n for r, n in plan}
+                for r in sorted(members + [r for r, _ in plan], key=_by_run_seq):
+                    n = plan_at.get(r)
+                    if n is None:
+                        r.blocks.append(pool.get_new_blocks(1)[0])
+                    else:
+                        kv.allocate_slots(r, n)
+            else:
+                for r, blk in zip(members, pool.get_new_blocks(len(members))):
+                    r.blocks.append(blk)
         cache = self._cache_buckets[k % self.block_size]
         if cache and kv.enable_caching:
             bs = self.block_size
@@ -330,8 +364,10 @@ class Scheduler:
                     r.num_cached_blocks = num_full
         out.num_group = n_group
         total = n_group
+        allocated = bool(bucket) and plan_blocks
         for r, n in plan:
-            kv.allocate_slots(r, n)
+            if not allocated:
+                kv.allocate_slots(r, n)
             out.scheduled.append((r, n, r.num_computed_tokens))
             total += n
         out.total_num_scheduled_tokens = total
@@ -355,7 +391,7 @@ class Scheduler:
                 if new_blocks is not None:
                     break
                 if self.priority:
-                    victim = max(running, key=_priority_key)
+                    victim = max(running, key=_priority_key)  # first of the tied, as vLLM
                     vi = running.index(victim)
                     running.pop(vi)
                     if vi < i:  # already scheduled this step: give its tokens back
@@ -403,6 +439,8 @@ class Scheduler:
         ``num_computed`` (prefix hits); its KV slots are already allocated."""
         req = self.waiting.pop_request()
         self.running.append(req)
+        req.run_seq = self._run_seq
+        self._run_seq += 1
         self._partials.append(req)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_computed
@@ -413,10 +451,14 @@ class Scheduler:
         return req
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """vLLM's waiting loop: head of the queue only (head-of-line blocking); without
+        chunked prefill a head that does not fit the budget stops the loop (``break``); with
+        ``reserve_full_isl`` the whole sequence must fit in free blocks
+        (``allocate_slots(full_sequence_must_fit=True)``)."""
         waiting = self.waiting
         running = self.running
         kv = self.kv
-        skipped: list[Request] = []
+        full = self.reserve_full_isl
         while len(waiting) and budget > 0:
             if len(running) == self.max_num_running_reqs:
                 break
@@ -425,18 +467,15 @@ class Scheduler:
             n = req.num_tokens - num_computed
             if 0 < self.threshold < n:
                 n = self.threshold
-            if not self.chunked and n > budget:
-                waiting.pop_request()
-                skipped.append(req)
-                continue
             if n > budget:
+                if not self.chunked:
+                    break
                 n = budget
-            if kv.allocate_slots(req, n, num_computed - req.num_computed_tokens, hits) is None:
+            if kv.allocate_slots(req, n, num_computed - req.num_computed_tokens, hits, 0,
+                                 full) is None:
                 break
             self._admit(out, n, num_computed)
             budget -= n
-        if skipped:
-            waiting.prepend_requests(skipped)
 
     def _build_shape(self, out: SchedulerOutput) -> None:
         nd = out.num_group
@@ -444,7 +483,9 @@ class Scheduler:
         ctx_max = self._group_ctx_max() if nd else 0
         pre_new: list[int] = []
         pre_ctx: list[int] = []
-        sampled = nd
+        # The model runner computes logits for every scheduled row (partial prefill chunks
+        # included; their token is discarded): ``logits_indices = query_start_loc[1:] - 1``.
+        sampled = nd + len(out.scheduled)
         for req, n, c in out.scheduled:
             if n == 1:
                 nd += 1
@@ -454,16 +495,27 @@ class Scheduler:
             else:
                 pre_new.append(n)
                 pre_ctx.append(c)
-            if c + n == req.num_tokens:
-                sampled += 1
         out.shape = BatchShape(nd, ctx_sum, ctx_max, tuple(pre_new), tuple(pre_ctx), sampled)
 
     # ------------------------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, now: float, dt: float,
-                           itl_explicit: list, itl_weighted: list) -> list[Request]:
-        """Advance counters after the step that ended at ``now`` (``dt`` after the previous
+                           itl_explicit: list, itl_weighted: list,
+                           defer: bool = False) -> list[Request]:
+        """Advance counters after the step that ends at ``now`` (``dt`` after the previous
         step ended); return the requests that finished. ITL samples go to ``itl_explicit``
-        (single values) and ``itl_weighted`` ((value, count) pairs)."""
+        (single values) and ``itl_weighted`` ((value, count) pairs).
+
+        ``defer`` (async scheduling, one batch in flight): called right after ``schedule()``
+        with the batch's known end time, so the next ``schedule()`` sees this batch's outputs
+        as vLLM's ``AsyncScheduler`` sees its placeholders. A request that reaches its stop
+        here stays running with ``stop_pending`` set (vLLM learns of the stop only when the
+        batch returns); the returned list is then applied by :meth:`finish_pending` at
+        ``now``. Meanwhile the next ``schedule()`` treats it as vLLM does: one more token
+        if it stops on EOS, none if the output in flight reaches ``max_tokens``
+        (``_clamp``); that extra row returns no token.
+        """
+        if out.advanced:
+            return self._update_advanced(out, now, itl_explicit)
         finished: list[Request] = []
         if out.fast:
             k = self._k
@@ -478,15 +530,21 @@ class Scheduler:
                     continue
                 self._sync(req)
                 _, status = self._target_outputs(req)
-                req.status = status
+                if defer:  # it stays running, explicitly (partials are in running order)
+                    req.stop_pending = status
+                    insort(self._partials, req, key=_by_run_seq)
+                else:
+                    req.status = status
                 finished.append(req)
         for req, n, c in out.scheduled:
-            if not out.advanced:
-                req.num_computed_tokens = c + n
+            req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
-                req.first_scheduled_time = now - dt
+                t = out.scheduled_at
+                req.first_scheduled_time = now - dt if t is None else t
             if c + n != req.num_tokens:
                 continue  # mid-prefill chunk: nothing sampled
+            if req.stop_pending is not None:
+                continue  # async: the extra row of a request whose stop is in flight
             req.num_tokens += 1
             req.num_output_tokens += 1
             if req.first_token_time != req.first_token_time:
@@ -496,24 +554,19 @@ class Scheduler:
             req.last_token_time = now
             target, status = self._target_outputs(req)
             if req.num_output_tokens >= target:
-                if req.status == RequestStatus.PREEMPTED:  # its batch was still in flight
-                    self.waiting.remove(req)
-                req.status = status
+                if defer:
+                    req.stop_pending = status
+                else:
+                    req.status = status
                 finished.append(req)
-        if finished:
-            running, partials = self.running, self._partials
-            for req in finished:  # list.remove: identity scan in C, cheaper than a rebuild
-                if req in partials:
-                    partials.remove(req)
-                if req in running:  # (a request preempted while in flight is not)
-                    running.remove(req)
-                req.finish_time = now
-                self.kv.free(req)
+        if finished and not defer:
+            self._remove_finished(finished, now)
         # Requests now exactly one token behind join the decode group.
         if self.fast_path:
             if out.fast:
                 joined = [r for r in self._partials
-                          if r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens]
+                          if r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens
+                          and r.stop_pending is None]
                 if joined:
                     for r in joined:
                         self._join(r)
@@ -523,11 +576,83 @@ class Scheduler:
                 for r in self.running:
                     # Members emit non-first tokens only: a request whose last prefill chunk
                     # is one token long stays explicit until its first token is out.
-                    if r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens:
+                    if (r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens
+                            and r.stop_pending is None):
                         self._join(r)
                     else:
                         partials.append(r)
                 self._partials = partials
+        return finished
+
+    def finish_pending(self, reqs: list[Request], now: float) -> None:
+        """Async scheduling: the batch that produced these requests' last outputs returned
+        at ``now``; they finish (vLLM's ``update_from_output`` → ``_free_request``)."""
+        for req in reqs:
+            req.status = req.stop_pending
+            req.stop_pending = None
+        self._remove_finished(reqs, now)
+
+    def _remove_finished(self, finished: list[Request], now: float) -> None:
+        """Free finished requests' blocks in the batch's row order (running order), as vLLM's
+        ``update_from_output`` loop does: the order decides the LRU queue's order."""
+        if len(finished) > 1:
+            finished.sort(key=_by_run_seq)
+        running, partials = self.running, self._partials
+        for req in finished:  # list.remove: identity scan in C, cheaper than a rebuild
+            if req in partials:
+                partials.remove(req)
+            if req in running:
+                running.remove(req)
+            elif req in self.waiting:  # preempted while its last output was in flight
+                self.waiting.remove(req)
+            req.finish_time = now
+            self.kv.free(req)
+
+    # ------------------------------------------------------------------------------------------
+    # Several batches in flight (pipeline parallelism)
+    def advance_after_schedule(self, out: SchedulerOutput) -> None:
+        """vLLM's ``_update_after_schedule`` (+ ``AsyncScheduler``'s): advance each scheduled
+        request's computed tokens now, so its next prefill chunk can follow in the next batch;
+        a row that completes the known sequence returns a token (``out.sampling``), and with
+        async scheduling adds an output placeholder, so a decode is scheduled again in the
+        next micro-batch before its token is back."""
+        sampling = []
+        add_placeholder = self.params.async_scheduling
+        for req, n, c in out.scheduled:
+            req.num_computed_tokens = c + n
+            samples = c + n >= req.num_tokens + req.num_output_placeholders
+            if samples and add_placeholder:
+                req.num_output_placeholders += 1
+            sampling.append(samples)
+        out.sampling = sampling
+        out.advanced = True
+
+    def _update_advanced(self, out: SchedulerOutput, now: float,
+                         itl_explicit: list) -> list[Request]:
+        """``update_from_output`` for a batch advanced at schedule time: rows that sample get
+        their token; rows of requests that already finished are dropped, as vLLM does."""
+        finished: list[Request] = []
+        for (req, n, c), samples in zip(out.scheduled, out.sampling):
+            if req.first_scheduled_time != req.first_scheduled_time:  # NaN
+                t = out.scheduled_at
+                req.first_scheduled_time = now if t is None else t
+            if not samples or req.status > RequestStatus.PREEMPTED:
+                continue
+            if req.num_output_placeholders:
+                req.num_output_placeholders -= 1
+            req.num_tokens += 1
+            req.num_output_tokens += 1
+            if req.first_token_time != req.first_token_time:
+                req.first_token_time = now
+            else:
+                itl_explicit.append(now - req.last_token_time)
+            req.last_token_time = now
+            target, status = self._target_outputs(req)
+            if req.num_output_tokens >= target:
+                req.status = status
+                finished.append(req)
+        if finished:
+            self._remove_finished(finished, now)
         return finished
 
 
@@ -535,7 +660,11 @@ def _by_index(r: Request) -> int:
     return r.index
 
 
+def _by_run_seq(r: Request) -> int:
+    return r.run_seq
+
+
 def _priority_key(r: Request) -> tuple:
-    # vLLM: max(running, key=(priority, arrival_time)). Real arrival timestamps never tie;
-    # simulated ones can (request_rate: inf), so send order breaks ties, as time would.
-    return (r.priority, r.arrival_time, r.index)
+    # vLLM: max(running, key=lambda r: (r.priority, r.arrival_time)); max() keeps the first
+    # of tied requests in running order.
+    return (r.priority, r.arrival_time)
