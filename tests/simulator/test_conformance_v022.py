@@ -103,7 +103,7 @@ def test_eos_stop_gets_one_extra_token_under_async(fast_path):
     A stop at ``max_tokens`` is known: ``schedule()`` skips a request whose output in flight
     reaches max_tokens (``num_computed_tokens + 2 − num_output_placeholders ≥ prompt +
     max_tokens``)."""
-    kw = dict(fast_path=fast_path)
+    kw = {"fast_path": fast_path}
     h, trace = run_engine([(0.0, "A", 16, 0, {"eos_after": 3})], async_scheduling=True, **kw)
     assert [s for _, s, _ in trace] == [{"A": 16}, {"A": 1}, {"A": 1}, {"A": 1}]
     a = h.reqs["A"]
@@ -125,7 +125,7 @@ def test_finished_request_frees_its_seat_one_step_later_under_async(fast_path):
     its output in flight reaches max_tokens), so B is scheduled at t=2 into the batch that
     runs [3, 4]."""
     arrivals = [(0.0, "C", 16, 8), (0.0, "A", 16, 2), (0.0, "B", 16, 2)]
-    kw = dict(max_num_seqs=2, fast_path=fast_path)
+    kw = {"max_num_seqs": 2, "fast_path": fast_path}
     h, trace = run_engine(arrivals, async_scheduling=False, **kw)
     assert [s for _, s, _ in trace[:3]] == [{"C": 16, "A": 16}, {"C": 1, "A": 1},
                                             {"C": 1, "B": 16}]
