@@ -271,11 +271,12 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             "initializing the engine."
         )
     computed = available // block_bytes
-    # tokens one request may hold: max_model_len (sliding window: window − 1 + step tokens)
-    req_tokens = mml
-    if spec.sliding_window:
-        req_tokens = min(mml, spec.sliding_window - 1 + toks)
-    per_req_blocks = -(-req_tokens // bs)
+    # blocks one request may hold: ceil(max_model_len / block_size); sliding window (vLLM
+    # SlidingWindowSpec.max_admission_blocks_per_request): ceil(min(window − 1 + step tokens,
+    # max_model_len) / block_size) + 1, the window need not start at a block boundary
+    per_req_blocks = -(-mml // bs)
+    if spec.sliding_window and spec.sliding_window < mml:
+        per_req_blocks = -(-min(mml, spec.sliding_window - 1 + toks) // bs) + 1
     needed = per_req_blocks * block_bytes
     if needed > available:
         est = (available // block_bytes) * bs

@@ -405,6 +405,7 @@ class Client:
     def __init__(self, env: simpy.Environment, specs: Iterable[RequestSpec],
                  replicas: list[Replica], recorder: Recorder, *, max_model_len: int,
                  num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
+                 max_request_blocks: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  park_after: int | None = None):
         self.env = env
@@ -414,6 +415,8 @@ class Client:
         self.max_model_len = max_model_len
         self.max_blocks = num_gpu_blocks - 1  # the null block is never usable
         self.block_size = block_size
+        # Blocks one request can hold at most (sliding window: the window's, not the length's)
+        self.max_request_blocks = max_request_blocks
         self.max_concurrency = max_concurrency
         self.on_progress = on_progress
         self.in_flight = 0
@@ -531,6 +534,8 @@ class Client:
                     "prompt or the number of requested output tokens.")
         final = req.prompt_len + min(req.max_tokens, req.eos_after or req.max_tokens)
         need = -(-min(final, mml) // self.block_size)
+        if self.max_request_blocks is not None:
+            need = min(need, self.max_request_blocks)
         if need > self.max_blocks:
             return (f"needs {need} KV blocks, more than the whole cache ({self.max_blocks}); "
                     "vLLM would never schedule it")

@@ -86,10 +86,16 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     def on_finish(req):
         client_box[0].on_finish(req)
 
+    window = cost.spec.sliding_window
+    window = window if window and window < mml else None  # a window ≥ max_model_len is moot
     for i in range(cfg.parallel.data_parallel_size):
         kv = kv_factory(num_gpu_blocks, block_size, cfg.cache.enable_prefix_caching, mml)
-        try:  # several batches in flight break the decode group's every-step invariant
-            sched = sched_factory(params, kv, fast_path=fast_path and batches == 1)
+        if window and hasattr(kv, "set_sliding_window"):
+            kv.set_sliding_window(window, cfg.scheduler.max_num_batched_tokens)
+        try:  # several batches in flight break the decode group's every-step invariant, and
+            # a sliding window frees blocks on the decode path (exact loop)
+            sched = sched_factory(params, kv, fast_path=fast_path and batches == 1
+                                  and not window)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
         replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
@@ -105,6 +111,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                 progress(n, total)
         client = Client(env, workload, replicas, rec, max_model_len=mml,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                        max_request_blocks=mem.blocks_per_request,
                         max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
                         park_after=_park_after(cfg))
         client_box.append(client)

@@ -14,9 +14,16 @@ Phase A, RUNNING first, in ``running`` order while budget remains::
 
 Phase B, WAITING, only if nothing was preempted this step: while budget remains and
 ``len(running) < max_num_seqs``: peek the head, prefix-cache head start (``get_computed_blocks``),
-``n = num_tokens - computed`` clamped by the threshold and the budget, ``allocate_slots`` or stop
-(head-of-line blocking). Without chunked prefill, a request that does not fit the budget is
-skipped this step (vLLM's ``skipped_waiting_requests``).
+``n = num_tokens - computed`` clamped by the threshold and the budget, ``allocate_slots`` (with
+``full_sequence_must_fit``: the whole sequence must fit) or stop (head-of-line blocking).
+Without chunked prefill, a head that does not fit the budget stops the loop too.
+
+Async scheduling (vLLM's default): outputs in flight count as placeholders in the clamp, and a
+request whose output in flight reaches ``max_tokens`` is skipped; with one batch in flight the
+engine advances counters at schedule time and applies stops a batch later
+(``update_from_output(defer=True)`` / ``finish_pending``), with several (pipeline parallelism)
+``advance_after_schedule`` keeps vLLM's placeholders literally. The full list of vLLM rules
+modelled, with their source functions, is in ``DEVELOPERS.md``.
 
 Speed (DESIGN §7: hot loops touch running sums, not per-request objects): requests in steady
 decode — exactly one token behind — form the *decode group*. As long as every member gets its

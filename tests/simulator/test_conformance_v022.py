@@ -282,6 +282,7 @@ def test_dp_load_balancer_scans_from_engine_zero_with_local_increments():
 def _reject(prompt_len, output_len, ignore_eos, mml=4096):
     client = Client.__new__(Client)
     client.max_model_len, client.block_size, client.max_blocks = mml, 16, 10**6
+    client.max_request_blocks = None
     spec = RequestSpec(arrival_s=0.0, prompt_len=prompt_len, output_len=output_len,
                        ignore_eos=ignore_eos)
     return client._reject_reason(Request(spec, 0, mml, 0.0))
@@ -299,3 +300,71 @@ def test_api_server_refuses_prompt_plus_max_tokens_over_max_model_len():
         "This model's maximum context length is 4096 tokens. However, you requested 1 output "
         "tokens and your prompt contains 4096 input tokens, for a total of 4097 tokens.")
     assert _reject(4095, 10, False) == ""
+
+
+# -- SlidingWindowManager (Mistral-7B v0.1: every layer attends over the last 4096 tokens) ------
+
+def _sw_harness(**kw):
+    h = Harness(block_size=2, fast_path=False, **kw)
+    h.kv.set_sliding_window(8, h.sched.max_num_scheduled_tokens)
+    return h
+
+
+def test_sliding_window_frees_blocks_out_of_the_window():
+    """``remove_skipped_blocks``: before each allocation, blocks wholly before the window of
+    the next token ((computed − window + 1) // block_size of them) are freed, last first, and
+    replaced by the null block. Window 8, blocks of 2: after 16 computed tokens, 4 blocks."""
+    h = _sw_harness(num_blocks=100, max_num_batched_tokens=64)
+    a = h.add("A", 16, 3)
+    h.step()
+    assert [b.block_id for b in a.blocks] == list(range(1, 9))
+    free_before = h.kv.get_num_free_blocks()
+    h.step()  # decode: computed 16 → 4 blocks out of the window, 1 new block
+    assert [b.is_null for b in a.blocks] == [True] * 4 + [False] * 5
+    assert h.kv.get_num_free_blocks() == free_before + 4 - 1
+    tail = [b.block_id for b in h.kv.block_pool.free_block_queue.get_all_free_blocks()[-4:]]
+    assert tail == [4, 3, 2, 1]  # freed in reverse order: the window's edge is evicted last
+    h.run()
+    h.kv.check_invariants()
+    assert h.kv.get_num_free_blocks() == 99
+
+
+def test_sliding_window_prefix_hit_needs_a_window_of_contiguous_blocks():
+    """``SlidingWindowManager.find_longest_cache_hit``: scanning from the right, the hit ends
+    at the first run of ceil((8 − 1) / 2) = 4 cached blocks; blocks before the run are out of
+    the window (null). B shares A's first 12 tokens: blocks 2..5 are the run → 12 hit tokens,
+    the first 2 blocks null (A freed them, but they are not needed)."""
+    h = _sw_harness(num_blocks=100, max_num_batched_tokens=64)
+    prefix = list(range(12))
+    h.add("A", 16, 2, token_ids=prefix + [100, 101, 102, 103])
+    assert h.run() == [{"A": 16}, {"A": 1}]
+    b = h.add("B", 16, 2, token_ids=prefix + [200, 201, 202, 203])
+    assert h.step().as_dict() == {"B": 4}
+    assert b.num_cached_tokens == 12
+    assert [x.is_null for x in b.blocks] == [True, True] + [False] * 6
+    # Without a full window of cached blocks, only a run from the start counts: C shares 6
+    # tokens (3 blocks < 4) of a prefix nobody else holds at the start → hit from block 0.
+    h.run()
+    c = h.add("C", 16, 2, token_ids=prefix[:6] + list(range(300, 310)))
+    h.step()
+    assert c.num_cached_tokens == 6
+
+
+def test_sliding_window_admission_reserves_at_most_the_window():
+    """``max_admission_blocks_per_request`` = ceil(min(8 − 1 + 16, 4096) / 2) + 1 = 13: a
+    40-token prompt (20 blocks) is admitted with 13 free blocks, which it never exceeds."""
+    h = _sw_harness(num_blocks=14, max_num_batched_tokens=16)
+    assert h.kv.admission_cap == 13
+    a = h.add("A", 40, 4)
+    steps = h.run()
+    assert steps[0] == {"A": 16} and a.num_output_tokens == 4
+    assert h.sched.num_preemptions == 0
+
+
+def test_sliding_window_memory_plan_blocks_per_request():
+    from servesim.costmodels import plan_memory
+
+    c = _resolved("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb")
+    plan = plan_memory(c)
+    # ceil(min(4096 − 1 + 2048, 32768) / 16) + 1
+    assert plan.blocks_per_request == -(-(4096 - 1 + 2048) // 16) + 1 == 385
