@@ -181,6 +181,37 @@ class Scheduler:
         return len(self.waiting)
 
     # ------------------------------------------------------------------------------------------
+    # Abort path (client timeouts and cancellations)
+    def finish_requests(self, requests: Iterable[Request],
+                        finished_status: RequestStatus) -> list[Request]:
+        """vLLM ``Scheduler.finish_requests`` (the engine's abort path): each request still
+        here leaves ``running`` or ``waiting``, takes ``finished_status`` (normally
+        FINISHED_ABORTED) and frees its KV blocks (tail first, hashes kept: its prefix stays
+        cached). Requests already finished or not in this scheduler are skipped; returns the
+        ones finished here. Call between steps (the engine defers a client's abort that
+        arrives during a step to the step's end, as vLLM's engine core handles aborts between
+        steps)."""
+        done = []
+        for req in requests:
+            if req.is_finished:
+                continue
+            if req.d_mark >= 0:  # a decode-group member: materialise, leave the group
+                self._sync(req)
+            if req in self.running:
+                self.running.remove(req)
+                if req in self._partials:
+                    self._partials.remove(req)
+            else:
+                w = self.waiting
+                if not (any(e[3] is req for e in w._heap) if w.priority else req in w._dq):
+                    continue  # not in this scheduler (another replica's)
+                w.remove(req)
+            req.status = finished_status
+            self.kv.free(req)
+            done.append(req)
+        return done
+
+    # ------------------------------------------------------------------------------------------
     # Decode group bookkeeping
     def _target_outputs(self, req: Request) -> tuple[int, RequestStatus]:
         """Outputs after which ``req`` stops, and how (EOS is checked before length)."""
