@@ -82,6 +82,8 @@ def detect_result(path: str | Path) -> str | None:
     p = Path(path)
     if p.is_dir():
         names = {q.name for q in p.iterdir()}
+        if "result.json" in names:  # a servesim run folder (maybe with --format files)
+            return None
         if any(n.endswith("_lifecycle_metrics.json") for n in names):
             return "inference-perf"
         if "benchmarks.json" in names:

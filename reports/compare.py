@@ -174,11 +174,12 @@ def compare_files(paths: list[str | Path], *, itl_scale: float = 1.0) -> list[di
         stages = _sim_stages(sim)
         staged = [m for m in client_docs if m.get("stage") is not None]
         if staged and stages:
-            if len(staged) != len(stages):
+            idx = [m["stage"] for m in staged]
+            if len(set(idx)) != len(idx) or max(idx) >= len(stages):
                 raise ServesimError(
                     f"{staged[0]['_file']}: {len(staged)} measured stages, but the simulation "
                     f"has {len(stages)} measured stages; simulate the same profile")
-            pairs += list(zip(stages, staged))
+            pairs += [(stages[m["stage"]], m) for m in staged]
         elif staged:
             pairs += pair_results([sim], staged) if len(staged) > 1 else [(sim, staged[0])]
         pairs += [(sim, m) for m in client_docs if m.get("stage") is None]

@@ -95,7 +95,13 @@ class ClientControl:
         req.error = error
         req.finish_time = self.env.now
         self._reasons[req.index] = reason
+        stale = req.num_output_tokens  # recorded with the tokens it really got so far
+        for rep in c.replicas:
+            n = getattr(rep.scheduler, "output_tokens", None)
+            if n is not None and req.d_mark >= 0:
+                req.num_output_tokens = max(req.num_output_tokens, n(req))
         c.on_finish(req)
+        req.num_output_tokens = stale
         for rep in c.replicas:
             rep.abort(req)
 

@@ -211,6 +211,12 @@ class Scheduler:
             done.append(req)
         return done
 
+    def output_tokens(self, req: Request) -> int:
+        """Tokens ``req`` has output so far (a decode-group member's counters are implicit)."""
+        if req.d_mark >= 0 and req in self._group:
+            return req.num_output_tokens + self._k - req.d_mark
+        return req.num_output_tokens
+
     # ------------------------------------------------------------------------------------------
     # Decode group bookkeeping
     def _target_outputs(self, req: Request) -> tuple[int, RequestStatus]:
