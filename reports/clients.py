@@ -449,7 +449,7 @@ def _ip_stage(r: _Req, itl: np.ndarray, rate: float | None, conc: int | None) ->
     n_ok = int(ok.sum())
     sends = r.send[np.isfinite(r.send)]
     send_dur = float(sends.max() - sends.min()) if len(sends) else 0.0
-    load: dict = {"count": int(len(r.ok)), "schedule_delay": _ip_summarize(
+    load: dict = {"count": len(r.ok), "schedule_delay": _ip_summarize(
         np.zeros(len(sends)))}
     if rate is not None:
         load.update(send_duration=send_dur, requested_rate=rate,
@@ -510,7 +510,7 @@ def _gl_ds(x: np.ndarray, w: np.ndarray | None = None) -> dict:
     var = float(np.sum(ws * (xs - mean) ** 2) / tot)
     return {"mean": mean, "median": q(50), "mode": q(50), "variance": var,
             "std_dev": math.sqrt(var), "min": float(xs[0]), "max": float(xs[-1]),
-            "count": int(len(x)), "total_sum": float(np.sum(xs * ws)),
+            "count": len(x), "total_sum": float(np.sum(xs * ws)),
             "percentiles": {k: q(p) for k, p in GL_PERCENTILES}}
 
 
@@ -557,7 +557,7 @@ def _gl_benchmark(r: _Req, st: dict | None, meta: dict) -> dict:
                for i in np.flatnonzero(~ok).tolist()]
     per_s = (lambda x: float(x) / dur if dur > 0 else 0.0)
     counts = {"successful": int(ok.sum()), "errored": int((~ok).sum()), "incomplete": 0,
-              "total": int(len(ok))}
+              "total": len(ok)}
     rate_ds = _gl_sds(np.asarray([per_s(ok.sum())]))
     return {
         "type_": "generative_benchmark",
@@ -590,7 +590,7 @@ def _ap_stat(x: np.ndarray, unit: str, scale: float = 1.0) -> dict:
     for p in AP_PERCENTILES:
         out[f"p{p}"] = float(np.percentile(x, p))
     out.update(min=float(np.min(x)), max=float(np.max(x)), std=float(np.std(x)),
-               count=int(len(x)))
+               count=len(x))
     return out
 
 
@@ -712,8 +712,8 @@ def write_client_results(result, bench: dict, outdir: str | Path, formats: list[
                                                 "unit": "ms"}
             lines.append(json.dumps({
                 "metadata": {"x_request_id": str(req["request_id"][i]),
-                             "request_start_ns": int(round(send * 1e9)),
-                             "request_end_ns": int(round(end * 1e9)),
+                             "request_start_ns": round(send * 1e9),
+                             "request_end_ns": round(end * 1e9),
                              "benchmark_phase": "warmup" if warm else "profiling",
                              "phase_index": int(req["stage"][i]) if "stage" in req else 0},
                 "metrics": m,

@@ -125,7 +125,7 @@ def read_profile(path: str | Path, fmt: str = "auto", *, seed: int | None = None
 def _num(v: Any, where: str) -> float:
     """A number, also from AIPerf duration strings ("30s", "5m", "1h")."""
     if isinstance(v, bool):
-        raise ValueError(f"{where}: expected a number, got {v!r}")
+        raise ValueError(f"{where}: expected a number, got {v!r}")  # noqa: TRY004 (a config error)
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
