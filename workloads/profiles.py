@@ -87,11 +87,25 @@ def detect_format(doc: Any) -> str | None:
     if ("spec" in doc or "profile" in doc or "rate_type" in doc
             or ("config" in doc and isinstance(doc.get("benchmarks"), list))):
         return "guidellm"
-    flat = {"concurrency", "request_rate", "request_count", "synthetic_input_tokens_mean",
-            "output_tokens_mean", "warmup_request_count"}
-    if flat & set(doc):
+    flat = {"synthetic_input_tokens_mean", "output_tokens_mean", "warmup_request_count",
+            "request_count"}
+    if flat & set(doc) and not {"completed", "input_lens", "date"} & set(doc):
         return "genai-perf"
     return None
+
+
+def is_profile_file(path: str | Path) -> bool:
+    """True for a small YAML/JSON file that :func:`detect_format` recognises (cheap: big
+    files are traces, not profiles)."""
+    p = Path(path)
+    if p.suffix.lower() not in (".yaml", ".yml", ".json") or not p.is_file():
+        return False
+    if p.stat().st_size > 1 << 20:
+        return False
+    try:
+        return detect_format(load_document(p)) is not None
+    except ConfigError:
+        return False
 
 
 def read_profile(path: str | Path, fmt: str = "auto", *, seed: int | None = None,

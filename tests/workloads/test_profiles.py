@@ -194,3 +194,16 @@ def test_stages_on_native_kinds_and_not_on_sessions():
     assert wl.meta["num_prompts"] == 14
     with pytest.raises(ConfigError, match="sessions"):
         build_workload(SessionsWorkload(stages=[{"rate": 1, "duration_s": 2}]), block_size=16)
+
+
+def test_trace_convert_writes_a_profiles_requests(tmp_path):
+    from servesim.simulator.cli import app
+    from typer.testing import CliRunner
+
+    out = tmp_path / "ip.csv"
+    r = CliRunner().invoke(app, ["trace", "convert", str(PROFILES / "inference_perf_shared_prefix"
+                                                             ".yaml"), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = out.read_text().splitlines()
+    assert rows[0] == "arrival_s,prompt_len,output_len,prefix_block_ids,request_id"
+    assert len(rows) == 1 + 40 + 80
