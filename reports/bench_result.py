@@ -105,6 +105,8 @@ DETAILED_KEYS = [
 # servesim's own keys, written after vLLM's
 EXTRA_KEYS = [
     "simulated", "servesim_version", "config_hash", "seed", "dataset_name", "gpu", "num_gpus",
+    # runs with stages / warm-up / timeouts: failures by reason, warm-up rows left out, stages
+    "failed_reasons", "num_warmup_requests", "stages",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "num_gpu_blocks",
     "num_preemptions", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
     "num_steps", "wall_seconds", "sim_speed",
@@ -345,6 +347,23 @@ _ALWAYS = {
 
 
 def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
+    """See :func:`_bench`; for runs with load stages or warm-up (``result.client_columns``)
+    the metrics leave warm-up requests out and ``stages`` lists each stage's metrics (see
+    :func:`stage_results`)."""
+    view = measured_view(result)
+    if view is result:
+        return _bench(result, date=date)
+    bench = _bench(view, date=date)
+    stages = stage_results(result)
+    if stages:
+        bench["stages"] = stages
+    n_warm = view.num_warmup
+    if n_warm:
+        bench["num_warmup_requests"] = n_warm
+    return bench
+
+
+def _bench(result: RunResult, *, date: str | None = None) -> dict:
     """The ``vllm bench serve --save-result`` dict of a run, plus servesim's extras.
 
     ``date``: "%Y%m%d-%H%M%S" (default: UTC now). Latencies in ms, per-request arrays in s,
@@ -376,10 +395,15 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     t0 = math.inf
     lists: dict[str, list] = {k: [] for k in (*_DETAILED, *_ALWAYS)}
     sends, finishes, firsts = [], [], []
+    reasons_count: dict[str, int] = {}
     for req in result.iter_requests():
         w = _Window(req)
         done = w.done
         n += w.n
+        if not done.all():
+            r, c = np.unique(w.reasons[~done], return_counts=True)
+            for a, b in zip(r.tolist(), c.tolist()):
+                reasons_count[a] = reasons_count.get(a, 0) + b
         completed += int(done.sum())
         ttfts = w.ttft_all[done]
         e2els = w.e2el_all[done]
@@ -454,6 +478,7 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         output_throughput=per_s(total_output),
         total_token_throughput=per_s(total_input + total_output),
     )
+    failed_reasons = {k: reasons_count[k] for k in sorted(reasons_count)}
     if save_detailed:
         itls = getattr(result, "request_itls", None)
         bench.update(
@@ -533,6 +558,8 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         prefix_cache_hits=hits,
         num_steps=counter("num_steps"),
     )
+    if getattr(result, "client_columns", False) or isinstance(result, _View):
+        bench["failed_reasons"] = failed_reasons
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",
@@ -562,3 +589,140 @@ def metrics_in(bench: dict) -> list[tuple[str, str, str, list[str]]]:
         words = [m.group(1) for k in bench if (m := pat.match(k))]
         found.append((metric, label, header, words))
     return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages and warm-up (runs with a client control, ``simulator/client_control.py``)
+
+# keys of each ``stages`` entry, after ``stage``, ``label``, ``warmup``: vLLM's aggregate keys
+STAGE_KEYS = (
+    "request_rate", "max_concurrency", "num_prompts", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "max_concurrent_requests",
+)
+
+
+class _View:
+    """A :class:`RunResult` restricted to some requests: the measured (non-warm-up) ones, or
+    one stage's. Metrics over it follow vLLM's definitions, except that ``duration`` runs from
+    the first send of its requests (not from the benchmark start) to the last completion."""
+
+    def __init__(self, parent: RunResult, keep, itl: Distribution | None, meta: dict):
+        self.parent = parent
+        self.keep = keep
+        self.config = parent.config
+        self.counters = parent.counters
+        self.capacity = parent.capacity
+        self.workload_meta = {**(parent.workload_meta or {}), **meta}
+        self.streamed = parent.streamed
+        self.request_log = None
+        if itl is None:
+            self.itl_values, self.itl_counts = parent.itl_values, parent.itl_counts
+            self.itl_stream = parent.itl_stream
+        elif itl.exact:
+            self.itl_values, self.itl_counts = itl.exact_sample()
+            self.itl_stream = None
+        else:
+            self.itl_values, self.itl_counts, self.itl_stream = np.zeros(0), np.zeros(0), itl
+        n = t0 = 0
+        t0, t1, warm = math.inf, -math.inf, 0
+        for w in parent.iter_requests():
+            m = keep(w)
+            if "warmup" in w:
+                warm += int(np.asarray(w["warmup"], dtype=bool).sum())
+            n += int(m.sum())
+            send = np.asarray(w["send_s"], dtype=float)[m]
+            send = send[np.isfinite(send)]
+            if len(send):
+                t0 = min(t0, float(send.min()))
+            fin = np.asarray(w["finish_s"], dtype=float)[m]
+            fin = fin[np.isfinite(fin)]
+            if len(fin):
+                t1 = max(t1, float(fin.max()))
+        self.num_requests, self.num_warmup = n, warm
+        self.t0 = t0 if math.isfinite(t0) else 0.0
+        self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
+        steps = parent.steps or {}
+        if "time_s" in steps and len(steps["time_s"]):
+            tt = np.asarray(steps["time_s"], dtype=float)
+            sel = (tt >= self.t0) & (tt <= (t1 if math.isfinite(t1) else self.t0))
+            self.steps = {k: np.asarray(v)[sel] for k, v in steps.items()}
+        else:
+            self.steps = steps
+
+    def iter_requests(self, rows: int | None = None):
+        for w in self.parent.iter_requests(rows):
+            m = self.keep(w)
+            yield {k: np.asarray(v)[m] for k, v in w.items()}
+
+
+def _not_warmup(w: dict) -> np.ndarray:
+    return ~np.asarray(w["warmup"], dtype=bool)
+
+
+def _merged_itl(dists: list) -> Distribution | None:
+    """One Distribution of several exact ones (None if any is sketched or none given)."""
+    if not dists or any(not d.exact for d in dists):
+        return None
+    out = Distribution()
+    for d in dists:
+        v, c = d.exact_sample()
+        if len(v):
+            out.add(v, c)
+    return out
+
+
+def measured_view(result: RunResult):
+    """``result`` itself for plain runs (and runs with timeouts only), else the view of its
+    non-warm-up requests; ITL from the samples of the non-warm-up stages."""
+    if not getattr(result, "client_columns", False):
+        return result
+    meta = result.workload_meta or {}
+    plan = meta.get("stages") or []
+    if not plan and not meta.get("warmup"):
+        return result
+    itl = None
+    stage_itl = getattr(result, "stage_itl", None) or {}
+    if plan and any(st["warmup"] for st in plan):
+        itl = _merged_itl([d for k, d in sorted(stage_itl.items())
+                           if k < len(plan) and not plan[k]["warmup"]])
+    view = _View(result, _not_warmup, itl, {})
+    view.workload_meta["num_prompts"] = view.num_requests
+    return view
+
+
+def stage_results(result: RunResult) -> list[dict]:
+    """One dict per load stage: ``stage``, ``label``, ``warmup``, then vLLM's aggregate keys
+    (:data:`STAGE_KEYS`), ``failed_reasons`` and the latency metric keys
+    (``mean_ttft_ms``, ...), computed as for the whole run over the stage's non-warm-up
+    requests (all of them for a warm-up stage), ITL from the samples emitted during the
+    stage, ``duration`` from the stage's first send to its last completion."""
+    meta = result.workload_meta or {}
+    plan = meta.get("stages") or []
+    stage_itl = getattr(result, "stage_itl", None) or {}
+    out = []
+    for st in plan:
+        k = st["index"]
+        if st["warmup"]:
+            def keep(w, k=k):
+                return np.asarray(w["stage"]) == k
+        else:
+            def keep(w, k=k):
+                return (np.asarray(w["stage"]) == k) & ~np.asarray(w["warmup"], dtype=bool)
+        rate = st["rate"]
+        view = _View(result, keep, stage_itl.get(k) or Distribution(),
+                     {"request_rate": math.inf if rate is None else rate,
+                      "max_concurrency": st["concurrency"], "num_prompts": None,
+                      "ramp_up_strategy": None})
+        view.workload_meta["num_prompts"] = view.num_requests
+        b = _bench(view, date="-")
+        row: dict = {"stage": k, "label": st["label"], "warmup": st["warmup"]}
+        for key in STAGE_KEYS:
+            row[key] = b.get(key)
+        row["failed_reasons"] = b.get("failed_reasons", {})
+        for key, v in b.items():
+            if key.endswith("_ms") and (key.startswith(("mean_", "median_", "std_", "p"))):
+                row[key] = v
+        out.append(row)
+    return out

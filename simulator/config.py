@@ -1,7 +1,8 @@
 """Experiment configuration: YAML → validated, resolved :class:`ExperimentConfig`.
 
 Sections and field names follow vLLM's own config (``VllmConfig``): ``model``, ``hardware``,
-``parallel``, ``cache``, ``scheduler``, ``compilation``, ``workload``, ``slo``, ``output``.
+``parallel``, ``cache``, ``scheduler``, ``compilation``, ``workload``, ``slo``, ``output``,
+``client`` (benchmark-client behaviour: request timeouts and retries).
 Every section forbids unknown keys. ``--set a.b=value`` overrides are applied to the YAML tree
 *before* validation, so they are typed by the schema and may switch ``workload.kind``.
 """
@@ -79,6 +80,19 @@ class SLOConfig(_Section):
     e2el_ms: float | None = Field(None, gt=0)
 
 
+class ClientConfig(_Section):
+    """How the benchmark client treats a slow server (``simulator/client.py``).
+
+    ``request_timeout_s``: a request still unfinished this long after it was sent is given up
+    by the client and aborted in the engine (vLLM's abort path: removed from the queues, its
+    KV blocks freed); it counts as failed with ``finished_reason`` ``timeout``. With
+    ``max_retries`` > 0 it is sent again (a fresh request) up to that many times first.
+    Unset keys take the value a ``kind: profile`` workload's profile gives, else none."""
+
+    request_timeout_s: float | None = Field(None, gt=0, description="Client timeout per attempt, s")
+    max_retries: int | None = Field(None, ge=0, description="Re-sends after a timeout")
+
+
 class OutputConfig(_Section):
     percentile_metrics: str = Field(
         "ttft,tpot,itl,e2el", description="vllm bench --percentile-metrics"
@@ -102,10 +116,19 @@ class ExperimentConfig(_Section):
     workload: WorkloadConfig = RandomWorkload()
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
+    client: ClientConfig = ClientConfig()
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        tree = self.model_dump(mode="json")
+        # Sections and keys added later hash as before while unused (stable hashes).
+        if tree.get("client") == ClientConfig().model_dump(mode="json"):
+            tree.pop("client")
+        wl = tree.get("workload") or {}
+        for k in ("stages", "warmup"):
+            if k in wl and wl[k] is None:
+                wl.pop(k)
+        blob = json.dumps(tree, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
@@ -181,7 +204,7 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
 
 def _describe_error(err: dict) -> str:
     loc = ".".join(str(p) for p in err["loc"])
-    for kind in ("random", "trace", "synthetic", "sessions"):  # drop the union tag from paths
+    for kind in ("random", "trace", "synthetic", "sessions", "profile"):  # drop the union tag from paths
         loc = loc.replace(f"workload.{kind}.", "workload.")
     typ = err["type"]
     inp = err.get("input")

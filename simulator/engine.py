@@ -15,10 +15,14 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import simpy
 from servesim.simulator.request import FINISHED_REASON, Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
+
+if TYPE_CHECKING:
+    from servesim.simulator.metrics import Distribution
 
 
 class Recorder:
@@ -31,7 +35,8 @@ class Recorder:
     bounded however long the run."""
 
     REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
-           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",
+           "warmup", "attempts")
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
 
@@ -51,6 +56,10 @@ class Recorder:
         self.itl_weighted: list[tuple[float, int]] = []
         self.parked = None  # the client's Parked queue (counted as waiting), if any
         self.refill: Callable[[], None] | None = None  # moves parked requests in
+        # Staged runs (simulator/client_control.py): ITL samples per stage, split at stage
+        # starts (samples are attributed to the stage during which they were emitted).
+        self.itl_stage: int | None = None
+        self.stage_itl: dict[int, Distribution] = {}
 
     def record_request(self, r: Request, reason: str) -> None:
         d = self.req
@@ -64,6 +73,10 @@ class Recorder:
         d["first_token_s"].append(r.first_token_time)
         d["finish_s"].append(r.finish_time)
         d["num_preemptions"].append(r.num_preemptions)
+        extra = r.spec.extra  # client fields (staged runs, warm-up, retries)
+        d["stage"].append(extra.get("stage", 0))
+        d["warmup"].append(1.0 if extra.get("warmup") else 0.0)
+        d["attempts"].append(extra.get("attempts", 1))
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -91,12 +104,24 @@ class Recorder:
     def flush_itl(self) -> None:
         import numpy as np
 
+        stage = None
+        if self.itl_stage is not None:
+            stage = self.stage_itl.get(self.itl_stage)
+            if stage is None:
+                from servesim.simulator.metrics import Distribution
+
+                stage = self.stage_itl[self.itl_stage] = Distribution()
         if self.itl_explicit:
-            self.itl.add(np.asarray(self.itl_explicit, dtype=float))
+            vals = np.asarray(self.itl_explicit, dtype=float)
+            self.itl.add(vals)
+            if stage is not None:
+                stage.add(vals)
             del self.itl_explicit[:]
         if self.itl_weighted:
             pairs = np.asarray(self.itl_weighted, dtype=float).reshape(-1, 2)
             self.itl.add(pairs[:, 0], pairs[:, 1], group=1)
+            if stage is not None:
+                stage.add(pairs[:, 0], pairs[:, 1], group=1)
             del self.itl_weighted[:]
 
     def flush_steps(self) -> None:
@@ -129,6 +154,8 @@ class Replica:
         self.on_finish = on_finish
         self.replica_id = replica_id
         self._wake: simpy.Event | None = None
+        self._aborts: list[Request] = []  # client aborts that arrived during a step
+        self._inflight: deque | None = None  # batches in flight (pipeline parallelism)
         self.num_steps = 0
         self.busy_seconds = 0.0
         self.process = env.process(self._run())
@@ -143,6 +170,26 @@ class Replica:
         self.scheduler.add_request(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    # -- abort path ----------------------------------------------------------------------------
+    def abort(self, req: Request) -> None:
+        """A client gave ``req`` up (timeout, cancellation): abort it in this engine as vLLM
+        does (``Scheduler.finish_requests(..., FINISHED_ABORTED)``: out of the queues, blocks
+        freed). vLLM's engine core handles aborts between steps, so one that arrives during a
+        step takes effect when the step ends; an idle engine applies it at once. A request
+        that finished in that step, or that is not in this engine, is left alone."""
+        if self._wake is not None:
+            self.scheduler.finish_requests([req], RequestStatus.FINISHED_ABORTED)
+        else:
+            self._aborts.append(req)
+
+    def _apply_aborts(self) -> None:
+        reqs, self._aborts = self._aborts, []
+        done = self.scheduler.finish_requests(reqs, RequestStatus.FINISHED_ABORTED)
+        if done and self._inflight:  # drop them from batches still in flight (pp)
+            gone = set(map(id, done))
+            for out, _, _ in self._inflight:
+                out.scheduled = [row for row in out.scheduled if id(row[0]) not in gone]
 
     def _idle(self):
         """Sleep until the next request arrives."""
@@ -227,6 +274,8 @@ class Replica:
             record(out, now, dt)
             for r in finished:
                 on_finish(r)
+            if self._aborts:
+                self._apply_aborts()
 
     def _run_async(self):
         """``EngineCore.step_with_batch_queue`` with async scheduling (queue two deep): while
@@ -273,8 +322,10 @@ class Replica:
             if end > env.now:
                 yield env.timeout(end - env.now)
             now = env.now
+            if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
+                self._apply_aborts()
             if pending:
-                sched.finish_pending(pending, now)
+                pending = sched.finish_pending(pending, now)
             record(out, now, dt)
             for r in pending:
                 on_finish(r)
@@ -294,6 +345,7 @@ class Replica:
         pp = self.max_concurrent_batches
         record = self._recorder()
         inflight: deque = deque()  # (out, start, done)
+        self._inflight = inflight
         stage_free = 0.0
         while True:
             if len(inflight) < pp and sched.has_requests():
@@ -322,6 +374,8 @@ class Replica:
             record(out, now, now - start)
             for r in finished:
                 self.on_finish(r)
+            if self._aborts:
+                self._apply_aborts()
 
 
 class Parked:
@@ -407,7 +461,7 @@ class Client:
                  num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
                  max_request_blocks: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 park_after: int | None = None):
+                 park_after: int | None = None, control: dict | None = None):
         self.env = env
         self.specs = iter(specs)
         self.replicas = replicas
@@ -436,7 +490,15 @@ class Client:
         self.parked = Parked() if park_after is not None and len(replicas) == 1 else None
         if self.parked is not None:
             recorder.parked, recorder.refill = self.parked, self.refill
-        self.process = env.process(self._arrivals())
+        # Load stages, warm-up, request timeouts (simulator/client_control.py); None: plain
+        # ``vllm bench serve`` behaviour, and no per-request work at all.
+        self.control = None
+        if control:
+            from servesim.simulator.client_control import ClientControl
+
+            self.control = ClientControl(self, **control)
+        self.process = env.process(self.control.run() if self.control is not None
+                                   and self.control.staged else self._arrivals())
 
     def _arrivals(self):
         env = self.env
@@ -468,6 +530,8 @@ class Client:
         env = self.env
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1
+        if self.control is not None:
+            self.control.sending(req)
         reason = self._reject_reason(req)
         if reason:
             req.error = reason
@@ -476,6 +540,8 @@ class Client:
             self._end(req)
             return
         self.in_flight += 1
+        if self.control is not None:
+            self.control.sent(req)
         parked = self.parked
         if parked is not None and (len(parked) or
                                    self.replicas[0].scheduler.num_waiting >= self.park_after):
@@ -542,6 +608,8 @@ class Client:
         return ""
 
     def on_finish(self, req: Request) -> None:
+        if self.control is not None and self._live.get(req.index) is not req:
+            return  # the client gave it up (timeout, cancellation) before the engine ended it
         self.in_flight -= 1
         self._end(req)
         while len(self._queue) and (self.max_concurrency is None
@@ -570,6 +638,8 @@ class Client:
     def _end(self, req: Request) -> None:
         self._live.pop(req.index, None)
         reason = FINISHED_REASON.get(req.status, "in_flight")
+        if self.control is not None:
+            reason = self.control.reason(req, reason)
         self.rec.record_request(req, reason)
         self.num_done += 1
         rid = req.request_id
@@ -582,6 +652,8 @@ class Client:
                 self.env.process(self._delayed(spec, delay))
         if self.on_progress is not None:
             self.on_progress(self.num_done)
+        if self.control is not None:
+            self.control.ended(req)
 
     def _delayed(self, spec: RequestSpec, delay: float):
         if delay > 0:

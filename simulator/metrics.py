@@ -58,7 +58,10 @@ STEP_COLUMNS = (
 
 # Raw per-request fields the engine records (floats), then the three string fields.
 RAW_FIELDS = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
-              "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+              "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",
+              "warmup", "attempts")
+# requests.csv columns of runs with a client control (stages, warm-up, timeouts), after the rest
+CLIENT_COLUMNS = ("stage", "warmup", "attempts")
 RAW_STRINGS = ("request_id", "finished_reason", "error")
 COMPLETED_REASONS = ("stop", "length")
 
@@ -68,12 +71,15 @@ EXACT_SAMPLES = 2_000_000  # a Distribution keeps this many raw samples, then sk
 SKETCH_RELATIVE_ACCURACY = 0.001  # DDSketch alpha: |estimate - x_rank| <= alpha * x_rank
 
 
-def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def derive_request_columns(raw: Mapping[str, np.ndarray],
+                           client_columns: bool = False) -> dict[str, np.ndarray]:
     """Raw engine fields of some requests → the ``RunResult.requests`` columns.
 
     TTFT = first token − send, E2EL = finish − send (NaN unless finished stop/length),
     TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1, queue = first scheduled − send.
-    Row-wise, so any window of rows gives the same values as the whole run."""
+    Row-wise, so any window of rows gives the same values as the whole run. ``client_columns``
+    adds ``stage`` (load stage index), ``warmup`` (bool: excluded from the metrics) and
+    ``attempts`` (sends, > 1 after timeouts with retries) for runs that use them."""
     send = raw["send_s"]
     reason = raw["finished_reason"]
     out = raw["output_len"]
@@ -99,7 +105,9 @@ def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
         "finished_reason": reason,
         "send_s": send,
         "error": raw["error"],
-    }
+    } | ({"stage": np.asarray(raw["stage"]).astype(np.int64),
+          "warmup": np.asarray(raw["warmup"]) > 0,
+          "attempts": np.asarray(raw["attempts"]).astype(np.int64)} if client_columns else {})
 
 
 class RequestLog:
@@ -212,14 +220,15 @@ class LazyRequests(Mapping):
     """``RunResult.requests`` of a spilled run: each column is assembled from the spool when
     read (O(n) for that column only). Prefer ``RunResult.iter_requests`` for streaming."""
 
-    def __init__(self, log: RequestLog):
+    def __init__(self, log: RequestLog, client_columns: bool = False):
         self._log = log
-        self._keys = tuple(derive_request_columns(_empty_raw()))
+        self._client = client_columns
+        self._keys = tuple(derive_request_columns(_empty_raw(), client_columns))
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._keys:
             raise KeyError(key)
-        parts = [derive_request_columns(w)[key] for w in self._log.windows()]
+        parts = [derive_request_columns(w, self._client)[key] for w in self._log.windows()]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def __iter__(self):
@@ -368,6 +377,10 @@ class RunResult:
     capacity: dict[str, Any] = field(default_factory=dict)
     request_log: RequestLog | None = None
     itl_stream: Distribution | None = None
+    # Runs with a client control (stages, warm-up, timeouts): requests carry the
+    # CLIENT_COLUMNS, and ``stage_itl`` holds the ITL samples emitted during each stage.
+    client_columns: bool = False
+    stage_itl: dict[int, Distribution] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -385,7 +398,7 @@ class RunResult:
         run is in memory), in request-index order."""
         if self.streamed:
             for w in self.request_log.windows(rows or CHUNK_ROWS):
-                yield derive_request_columns(w)
+                yield derive_request_columns(w, self.client_columns)
             return
         req = self.requests
         n = len(req["finished_reason"])

@@ -82,6 +82,7 @@ class Request:
         "num_tokens",
         "prefix_block_ids",
         "prev_blocks",
+        "prev_token_time",
         "priority",
         "prompt_len",
         "prompt_token_ids",
@@ -126,6 +127,7 @@ class Request:
         self.first_scheduled_time = float("nan")
         self.first_token_time = float("nan")
         self.last_token_time = float("nan")
+        self.prev_token_time = float("nan")  # the token before the last (async delivery)
         self.finish_time = float("nan")
         self.prefix_block_ids = spec.prefix_block_ids or ()
         self.prompt_token_ids = spec.prompt_token_ids

@@ -101,6 +101,13 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
                                 max_concurrent_batches=batches, async_scheduling=async_sched))
 
+    meta = workload.meta
+    control = _client_control(cfg, meta)
+    park_after = _park_after(cfg)
+    if control is not None and (control["request_timeout_s"] is not None or any(
+            st.get("grace_s") is not None for st in control["stages"] or ())):
+        park_after = None  # aborts take requests out of the engine's queues, not the park's
+    max_concurrency = meta.get("client_max_concurrency", cfg.workload.max_concurrency)
     total = workload.meta.get("num_prompts")
     with phase("simulating", total) as tick:
         if progress is None:
@@ -112,8 +119,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         client = Client(env, workload, replicas, rec, max_model_len=mml,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         max_request_blocks=mem.blocks_per_request,
-                        max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
-                        park_after=_park_after(cfg))
+                        max_concurrency=max_concurrency, on_progress=cb,
+                        park_after=park_after, control=control)
         client_box.append(client)
         env.run()
         client.finalize()
@@ -121,7 +128,9 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 
     rec.flush()
     log = rec.log
-    requests = LazyRequests(log) if log.spilled else derive_request_columns(log.all_rows())
+    client_cols = control is not None
+    requests = (LazyRequests(log, client_cols) if log.spilled
+                else derive_request_columns(log.all_rows(), client_cols))
     if rec.itl.exact:
         itl_values, itl_counts = rec.itl.exact_sample()
         itl_stream = None
@@ -147,11 +156,35 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         "gpu_busy_seconds": sum(r.busy_seconds for r in replicas),
         "wall_seconds": wall,
     }
-    meta = dict(workload.meta)
+    meta = {k: v for k, v in workload.meta.items() if not k.startswith("_")}
+    if client.control is not None:
+        meta["stage_windows"] = client.control.stage_windows
+        if control["request_timeout_s"] is not None:
+            meta["request_timeout_s"] = control["request_timeout_s"]
+            meta["max_retries"] = control["max_retries"]
     return RunResult(config=cfg, requests=requests, itl_values=itl_values,
                      itl_counts=itl_counts, steps=steps, counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
-                     request_log=log if log.spilled else None, itl_stream=itl_stream)
+                     request_log=log if log.spilled else None, itl_stream=itl_stream,
+                     client_columns=client_cols,
+                     stage_itl=dict(rec.stage_itl) if rec.stage_itl else None)
+
+
+def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:
+    """The client's stages / warm-up / timeout settings (``simulator/client_control.py``), or
+    None for a plain ``vllm bench serve`` client. ``client.*`` keys of the config win over
+    what a profile workload sets."""
+    prof = meta.get("client") or {}
+    timeout = cfg.client.request_timeout_s
+    if timeout is None:
+        timeout = prof.get("request_timeout_s")
+    retries = cfg.client.max_retries
+    if retries is None:
+        retries = prof.get("max_retries", 0)
+    if not (meta.get("stages") or meta.get("warmup") or timeout is not None):
+        return None
+    return {"stages": meta.get("stages"), "warmup": meta.get("warmup"),
+            "request_timeout_s": timeout, "max_retries": retries or 0, "meta": meta}
 
 
 def _park_after(cfg: ExperimentConfig) -> int | None:

@@ -185,6 +185,7 @@ class Scheduler:
         self._ctx_sum = 0  # Σ (num_computed + 1) over members at step _k
         self._ctx_heap: list[tuple[int, int, int, Request]] = []
         self._last_fast_end = float("nan")
+        self._prev_fast_end = float("nan")  # (consecutive fast steps are consecutive batches)
 
     # ------------------------------------------------------------------------------------------
     # Queue management
@@ -201,6 +202,61 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    # ------------------------------------------------------------------------------------------
+    # Abort path (client timeouts and cancellations)
+    def finish_requests(self, requests: Iterable[Request],
+                        finished_status: RequestStatus) -> list[Request]:
+        """vLLM ``Scheduler.finish_requests`` (the engine's abort path): each request still
+        here leaves ``running`` or ``waiting``, takes ``finished_status`` (normally
+        FINISHED_ABORTED) and frees its KV blocks (tail first, hashes kept: its prefix stays
+        cached). Requests already finished or not in this scheduler are skipped; returns the
+        ones finished here. Call between steps (the engine defers a client's abort that
+        arrives during a step to the step's end, as vLLM's engine core handles aborts between
+        steps)."""
+        done = []
+        for req in requests:
+            if req.is_finished:
+                continue
+            if req.d_mark >= 0:  # a decode-group member: materialise, leave the group
+                self._sync(req)
+            if req in self.running:
+                self.running.remove(req)
+                if req in self._partials:
+                    self._partials.remove(req)
+            else:
+                if req not in self.waiting:
+                    continue  # not in this scheduler (another replica's)
+                self.waiting.remove(req)
+            req.status = finished_status
+            req.stop_pending = None
+            self.kv.free(req)
+            done.append(req)
+        return done
+
+    def output_tokens(self, req: Request) -> int:
+        """Tokens ``req`` has output so far (a decode-group member's counters are implicit)."""
+        if req.d_mark >= 0 and req in self._group:
+            return req.num_output_tokens + self._k - req.d_mark
+        return req.num_output_tokens
+
+    def delivered(self, req: Request, now: float) -> tuple[int, float] | None:
+        """(outputs, first-token time) a client holds at ``now`` (None: a decode-group member
+        of another replica). Under async scheduling the counters run ahead of the clock by the
+        batches in flight (at most two tokens: the batch running and the one scheduled behind
+        it), whose tokens are not out yet."""
+        if req.d_mark >= 0 and req not in self._group:
+            return None
+        n = self.output_tokens(req)
+        if req.d_mark >= 0:
+            j = self._k - req.d_mark
+            last = self._last_fast_end if j else req.last_token_time
+            prev = (self._prev_fast_end if j >= 2 else req.last_token_time if j == 1
+                    else req.prev_token_time)
+        else:
+            last, prev = req.last_token_time, req.prev_token_time
+        n -= (last > now) + (prev > now)  # NaN compares false
+        return n, req.first_token_time if n > 0 else float("nan")
 
     # ------------------------------------------------------------------------------------------
     # Decode group bookkeeping
@@ -238,6 +294,7 @@ class Scheduler:
             req.num_computed_tokens += j
             req.num_tokens += j
             req.num_output_tokens += j
+            req.prev_token_time = self._prev_fast_end if j >= 2 else req.last_token_time
             req.last_token_time = self._last_fast_end
         bs = self.block_size
         self._alloc_buckets[(req.d_mark - req.d_computed) % bs].discard(req)
@@ -529,6 +586,7 @@ class Scheduler:
             self._k = k + 1
             n_group = out.num_group
             self._ctx_sum += n_group
+            self._prev_fast_end = self._last_fast_end
             self._last_fast_end = now
             if n_group:
                 itl_weighted.append((dt, n_group))
@@ -558,6 +616,7 @@ class Scheduler:
                 req.first_token_time = now
             else:
                 itl_explicit.append(now - req.last_token_time)
+            req.prev_token_time = req.last_token_time
             req.last_token_time = now
             target, status = self._target_outputs(req)
             if req.num_output_tokens >= target:
@@ -591,13 +650,16 @@ class Scheduler:
                 self._partials = partials
         return finished
 
-    def finish_pending(self, reqs: list[Request], now: float) -> None:
+    def finish_pending(self, reqs: list[Request], now: float) -> list[Request]:
         """Async scheduling: the batch that produced these requests' last outputs returned
-        at ``now``; they finish (vLLM's ``update_from_output`` → ``_free_request``)."""
+        at ``now``; they finish (vLLM's ``update_from_output`` → ``_free_request``), except
+        those aborted meanwhile. Returns the ones finished here."""
+        reqs = [r for r in reqs if r.stop_pending is not None]
         for req in reqs:
             req.status = req.stop_pending
             req.stop_pending = None
         self._remove_finished(reqs, now)
+        return reqs
 
     def _remove_finished(self, finished: list[Request], now: float) -> None:
         """Free finished requests' blocks in the batch's row order (running order), as vLLM's
