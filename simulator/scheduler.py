@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 from bisect import insort
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from servesim.costmodels.batch import BatchShape
