@@ -533,6 +533,8 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         prefix_cache_hits=hits,
         num_steps=counter("num_steps"),
     )
+    if getattr(result, "extras", None):  # cluster runs: num_gpus, tiers, router, instances
+        bench.update(result.extras)
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",

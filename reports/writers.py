@@ -280,5 +280,9 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
         with phase("writing result.json"), \
                 open(out.file(RESULT_FILE), "w", encoding="utf-8", newline="") as f:
             write_result(f, stable)
+        for name, text in (getattr(result, "files", None) or {}).items():
+            atomic_write_text(out.file(name), text)
+        for name, sub in getattr(result, "instances", None) or ():  # cluster: per instance
+            write_run(sub, out.file(f"instances/{name}"), date=date)
         out.commit()
     return bench

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.simulator.cluster.config import ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, short_repr
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
 
@@ -39,6 +40,8 @@ class CacheConfig(_Section):
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     num_gpu_blocks_override: PositiveInt | None = None
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
+    kv_offload: KVOffloadConfig | None = Field(
+        None, description="CPU KV-offload tier (vLLM OffloadingConnector); omitted when null")
 
 
 class SchedulerConfig(_Section):
@@ -102,14 +105,27 @@ class ExperimentConfig(_Section):
     workload: WorkloadConfig = RandomWorkload()
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
+    # Several instances behind a router, P/D disaggregation (simulator/cluster/); omitted from
+    # dumps and the hash when null, so single-engine configs keep their hash and files.
+    cluster: ClusterConfig | None = None
+
+    def dump_tree(self, mode: str = "python") -> dict:
+        """``model_dump`` without the optional extension keys that are null (``cluster``,
+        ``cache.kv_offload``): a config that does not use them dumps as before they existed."""
+        d = self.model_dump(mode=mode)
+        if d.get("cluster") is None:
+            d.pop("cluster", None)
+        if d["cache"].get("kv_offload") is None:
+            d["cache"].pop("kv_offload", None)
+        return d
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        blob = json.dumps(self.dump_tree(mode="json"), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_jsonable(self.model_dump(mode="python")), sort_keys=False)
+        return yaml.safe_dump(_jsonable(self.dump_tree(mode="python")), sort_keys=False)
 
 
 def _jsonable(x: Any) -> Any:
@@ -382,4 +398,8 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         comp.max_cudagraph_capture_size = top
     elif comp.max_cudagraph_capture_size is None:
         comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
+    if c.cluster is not None:  # each instance group with vLLM's defaults for its own GPU
+        from servesim.simulator.cluster.config import resolve_cluster
+
+        resolve_cluster(cfg, c)
     return c

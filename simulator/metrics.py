@@ -368,6 +368,12 @@ class RunResult:
     capacity: dict[str, Any] = field(default_factory=dict)
     request_log: RequestLog | None = None
     itl_stream: Distribution | None = None
+    # Cluster runs (simulator/cluster/): one RunResult per instance, written under
+    # ``instances/<name>/``; keys added to result.json after servesim's extras; extra files
+    # (name → text) such as ``routing.csv``. Empty for single-engine runs.
+    instances: list[tuple[str, RunResult]] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -408,4 +414,6 @@ class RunResult:
         """Remove the spooled per-request files (large runs)."""
         if self.request_log is not None:
             self.request_log.close()
+        for _, sub in self.instances:
+            sub.close()
 
