@@ -232,6 +232,7 @@ class PrefixAwareRouter(Router):
 
     name = "prefix_aware"
     PARAMS: ClassVar[dict[str, Any]] = {"prefix_weight": 3.0, "queue_weight": 2.0, "kv_weight": 2.0,
+              "active_weight": 2.0,
               "cache_view": "approximate", "lru_capacity_per_server": 31250,
               "queue_scorer": "minmax", "queue_threshold": 128, "metrics_refresh_s": 0.05}
     block_size = 16  # the engines' block size (set by the cluster runner)
@@ -274,9 +275,12 @@ class PrefixAwareRouter(Router):
         else:
             thr = max(self.queue_threshold, 1)
             qs = [1.0 - min(q, thr) / thr for q in queues]
-        scores = [self.prefix_weight * p + self.queue_weight * q
+        act = [inst.in_flight for inst in instances]
+        lo, hi = min(act), max(act)
+        acts = [1.0 if hi == lo else (hi - a) / (hi - lo) for a in act]
+        scores = [self.prefix_weight * p + self.queue_weight * q + self.active_weight * a
                   + self.kv_weight * (1.0 - self._gauges[inst.index][1])
-                  for p, q, inst in zip(prefix, qs, instances)]
+                  for p, q, a, inst in zip(prefix, qs, acts, instances)]
         self.last_scores = scores
         best = max(scores)
         tied = [i for i, s in enumerate(scores) if s >= best - 1e-12]
