@@ -319,6 +319,8 @@ def allocate_delayed(sched, req: Request, ext: int, num_computed: int, hits) -> 
         return False
     if hits and req.num_cached_blocks == 0:
         req.num_cached_blocks = len(hits)
+    if req.num_cached_tokens < 0:  # vLLM PrefillStats: local + external cached tokens
+        req.num_cached_tokens = num_computed + ext
     return True
 
 
