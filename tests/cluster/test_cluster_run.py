@@ -136,3 +136,17 @@ def test_mooncake_prefix_aware_beats_round_robin():
     rr, pa = out["round_robin"], out["prefix_aware"]
     assert pa["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"]
     assert pa["mean_ttft_ms"] < rr["mean_ttft_ms"]
+
+
+def test_plan_candidates_are_cluster_shapes():
+    from servesim.simulator.plan.runner import Candidate, _check_fit
+    from servesim.simulator.plan.spec import base_tree, expand_candidates, load_plan
+
+    spec, d = load_plan(ROOT / "configs" / "plans" / "cluster_rag_llama8b.yaml")
+    cands = [Candidate(n, a, t) for n, a, t in expand_candidates(spec, base_tree(spec, d))]
+    assert [c.name for c in cands] == ["4x-agg-prefix", "2p2d", "3p1d"]
+    for c in cands:
+        _check_fit(c, spec, None or __import__(
+            "servesim.simulator.plan.point", fromlist=["resolve_tree"]).resolve_tree)
+        assert c.fits, c.reason
+        assert c.gpus_per_replica == 4 and c.hardware == "h100-sxm"
