@@ -255,8 +255,9 @@ class OffloadConnector:
 
     # -- loads ---------------------------------------------------------------------------------
     def start_load(self, sched, req: Request, hits, num_computed: int) -> bool | None:
-        if not self.tier.num_blocks or not self.inst.kv.enable_caching:
-            return None
+        kv = self.inst.kv
+        if not self.tier.num_blocks or not kv.enable_caching or kv.sliding_window:
+            return None  # (sliding-window lookups, vLLM's _sliding_window_lookup: not modelled)
         obs, f = self.obs, self.factor
         n_off = req.num_tokens // obs
         start = num_computed // obs

@@ -213,7 +213,9 @@ class ClusterClient(Client):
 
     def _arrive(self, inst: Instance, req: Request) -> None:
         now = self.env.now
-        req.send_time = req.arrival_time = now  # when the engine received it
+        req.arrival_time = now  # when the engine received it
+        if self.pd:  # the proxy's own requests: the instance's latencies start here (the
+            req.send_time = now  # client's request keeps its send time: TTFT includes routing)
         inst.add_request(req)
 
     def instance_finished(self, inst: Instance, req: Request) -> None:

@@ -150,3 +150,13 @@ def test_plan_candidates_are_cluster_shapes():
             "servesim.simulator.plan.point", fromlist=["resolve_tree"]).resolve_tree)
         assert c.fits, c.reason
         assert c.gpus_per_replica == 4 and c.hardware == "h100-sxm"
+
+
+def test_router_decision_latency_counts_in_ttft():
+    tree = dict(BASE, workload=dict(BASE["workload"], num_prompts=1),
+                cluster={"instances": [{"name": "a"}], "router": {"policy": "random"}})
+    fast = run_experiment(cfg_of(tree), resolved=True)
+    tree["cluster"]["router"]["decision_latency_s"] = 0.25
+    slow = run_experiment(cfg_of(tree), resolved=True)
+    assert slow.requests["send_s"][0] == fast.requests["send_s"][0]
+    assert slow.requests["ttft_s"][0] == pytest.approx(fast.requests["ttft_s"][0] + 0.25)
