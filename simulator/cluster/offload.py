@@ -227,6 +227,7 @@ class OffloadConnector:
         self.num_loads = 0
         self.load_seconds = 0.0
         self.loading = 0  # requests waiting for a load
+        self._queried: set[int] = set()  # requests whose lookup was counted (once each)
         pool = instance.kv.block_pool
         self._cache_full_blocks = pool.cache_full_blocks
         pool.cache_full_blocks = self._on_blocks_full  # write-through hook
@@ -275,13 +276,13 @@ class OffloadConnector:
         tier.policy.touch(keys[:start + n_hit])
         ext = min(req.num_tokens, (start + n_hit) * obs) - num_computed
         if ext < obs:
+            self._count(req, num_computed, 0)
             return None
         if not allocate_delayed(sched, req, ext, num_computed, hits):
             return False
         sched.waiting.pop_request()
         req.num_computed_tokens = num_computed + ext
-        self.queries += req.num_tokens - num_computed
-        self.hits += ext
+        self._count(req, num_computed, ext)
         for k in keys[start:start + n_hit]:
             tier.policy.get(k)[1] += 1  # pinned while loading
         end = self.h2d.transfer(now, -(-ext // obs) * self.block_bytes)
@@ -293,6 +294,15 @@ class OffloadConnector:
             lambda _ev: self._loaded(sched, req, pinned))
         return True
 
+    def _count(self, req: Request, num_computed: int, ext: int) -> None:
+        """vLLM ``connector_prefix_cache_stats``: every request looked up once, queries =
+        tokens the GPU missed, hits = tokens loaded from CPU."""
+        if req.index in self._queried:
+            return
+        self._queried.add(req.index)
+        self.queries += req.num_tokens - num_computed
+        self.hits += ext
+
     def _loaded(self, sched, req: Request, pinned: list) -> None:
         for k in pinned:
             b = self.tier.policy.get(k)
@@ -302,6 +312,7 @@ class OffloadConnector:
         finish_load(self.inst, sched, req)
 
     def request_finished(self, req: Request) -> bool:
+        self._queried.discard(req.index)
         return False
 
 
