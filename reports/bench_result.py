@@ -560,6 +560,8 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     )
     if getattr(result, "client_columns", False) or isinstance(result, _View):
         bench["failed_reasons"] = failed_reasons
+    if getattr(result, "extras", None):  # cluster runs: num_gpus, tiers, router, instances
+        bench.update(result.extras)
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",

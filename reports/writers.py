@@ -287,5 +287,9 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
 
             with phase("writing " + ", ".join(formats) + " results"):
                 write_client_results(result, bench, out.staging, formats)
+        for name, text in (getattr(result, "files", None) or {}).items():
+            atomic_write_text(out.file(name), text)
+        for name, sub in getattr(result, "instances", None) or ():  # cluster: per instance
+            write_run(sub, out.file(f"instances/{name}"), date=date)
         out.commit()
     return bench

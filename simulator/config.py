@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.simulator.cluster.config import ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, short_repr
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
 
@@ -40,6 +41,8 @@ class CacheConfig(_Section):
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     num_gpu_blocks_override: PositiveInt | None = None
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
+    kv_offload: KVOffloadConfig | None = Field(
+        None, description="CPU KV-offload tier (vLLM OffloadingConnector); omitted when null")
 
 
 class SchedulerConfig(_Section):
@@ -117,22 +120,34 @@ class ExperimentConfig(_Section):
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
     client: ClientConfig = ClientConfig()
+    # Several instances behind a router, P/D disaggregation (simulator/cluster/); omitted from
+    # dumps and the hash when null, so single-engine configs keep their hash and files.
+    cluster: ClusterConfig | None = None
 
-    def config_hash(self) -> str:
-        """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
-        tree = self.model_dump(mode="json")
-        # Sections and keys added later hash as before while unused (stable hashes).
-        if tree.get("client") == ClientConfig().model_dump(mode="json"):
-            tree.pop("client")
-        wl = tree.get("workload") or {}
+    def dump_tree(self, mode: str = "python") -> dict:
+        """``model_dump`` without the optional extension keys while unused (``cluster``,
+        ``cache.kv_offload``, a default ``client``, null ``workload.stages``/``warmup``): a
+        config that does not use them dumps and hashes as before they existed."""
+        d = self.model_dump(mode=mode)
+        if d.get("cluster") is None:
+            d.pop("cluster", None)
+        if d["cache"].get("kv_offload") is None:
+            d["cache"].pop("kv_offload", None)
+        if d.get("client") == ClientConfig().model_dump(mode=mode):
+            d.pop("client")
+        wl = d.get("workload") or {}
         for k in ("stages", "warmup"):
             if k in wl and wl[k] is None:
                 wl.pop(k)
-        blob = json.dumps(tree, sort_keys=True, default=str)
+        return d
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
+        blob = json.dumps(self.dump_tree(mode="json"), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_jsonable(self.model_dump(mode="python")), sort_keys=False)
+        return yaml.safe_dump(_jsonable(self.dump_tree(mode="python")), sort_keys=False)
 
 
 def _jsonable(x: Any) -> Any:
@@ -405,4 +420,8 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         comp.max_cudagraph_capture_size = top
     elif comp.max_cudagraph_capture_size is None:
         comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
+    if c.cluster is not None:  # each instance group with vLLM's defaults for its own GPU
+        from servesim.simulator.cluster.config import resolve_cluster
+
+        resolve_cluster(cfg, c)
     return c

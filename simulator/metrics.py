@@ -381,6 +381,12 @@ class RunResult:
     # CLIENT_COLUMNS, and ``stage_itl`` holds the ITL samples emitted during each stage.
     client_columns: bool = False
     stage_itl: dict[int, Distribution] | None = None
+    # Cluster runs (simulator/cluster/): one RunResult per instance, written under
+    # ``instances/<name>/``; keys added to result.json after servesim's extras; extra files
+    # (name → text) such as ``routing.csv``. Empty for single-engine runs.
+    instances: list[tuple[str, RunResult]] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -421,4 +427,6 @@ class RunResult:
         """Remove the spooled per-request files (large runs)."""
         if self.request_log is not None:
             self.request_log.close()
+        for _, sub in self.instances:
+            sub.close()
 

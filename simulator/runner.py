@@ -45,6 +45,10 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     t0 = time.perf_counter()
     if not resolved:
         cfg = resolve_config(cfg)
+    if cfg.cluster is not None or cfg.cache.kv_offload is not None:
+        from servesim.simulator.cluster.runner import run_cluster
+
+        return run_cluster(cfg, progress=progress, fast_path=fast_path, spool_dir=spool_dir)
     pp = cfg.parallel.pipeline_parallel_size
     async_sched = bool(cfg.scheduler.async_scheduling)
     # vLLM executors: max_concurrent_batches = pp (pp > 1); with pp == 1 async scheduling

@@ -158,6 +158,12 @@ class Scheduler:
     victims by (priority, arrival); any other name behaves as ``fcfs`` (subclasses that keep
     vLLM's decisions but change one rule register under their own names)."""
 
+    # A KV connector (simulator/cluster/: P/D NIXL, CPU offload), as vLLM's scheduler holds
+    # one: ``start_load`` at the waiting head after the local prefix lookup
+    # (``get_num_new_matched_tokens`` + async load), ``request_finished`` before a finished
+    # request's blocks are freed (``delay_free_blocks``). None: no connector (no hook runs).
+    connector = None
+
     def __init__(self, params: SchedulerParams, kv_cache_manager: KVCacheManager,
                  fast_path: bool = True, record_schedules: bool = False):
         self.params = params
@@ -529,6 +535,15 @@ class Scheduler:
                 break
             req = waiting.peek_request()
             hits, num_computed = self._prefix_head_start(req)
+            if self.connector is not None and req.num_computed_tokens == 0:
+                # KV from outside (remote prefill, CPU tier) loads asynchronously: the request
+                # leaves the queue holding its blocks (vLLM WAITING_FOR_REMOTE_KVS) and comes
+                # back to its head when the load is done; False: its blocks do not fit.
+                started = self.connector.start_load(self, req, hits, num_computed)
+                if started is not None:
+                    if not started:
+                        break
+                    continue
             n = req.num_tokens - num_computed
             if 0 < self.threshold < n:
                 n = self.threshold
@@ -676,7 +691,8 @@ class Scheduler:
             elif req in self.waiting:  # preempted while its last output was in flight
                 self.waiting.remove(req)
             req.finish_time = now
-            self.kv.free(req)
+            if self.connector is None or not self.connector.request_finished(req):
+                self.kv.free(req)
 
     # ------------------------------------------------------------------------------------------
     # Several batches in flight (pipeline parallelism)
