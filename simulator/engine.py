@@ -51,6 +51,19 @@ class Recorder:
         self.itl_weighted: list[tuple[float, int]] = []
         self.parked = None  # the client's Parked queue (counted as waiting), if any
         self.refill: Callable[[], None] | None = None  # moves parked requests in
+        # Extra timeseries columns (speculative decoding / LoRA counters): ``on_step(out)``
+        # appends one value to each of them after every step row (add_step_columns).
+        self.on_step: Callable | None = None
+
+    def add_step_columns(self, names, on_step: Callable) -> list:
+        """Add step columns ``names`` (after ``STEP``); ``on_step(out)`` fills them. Returns
+        the column arrays, in order."""
+        cols = []
+        for k in names:
+            self.step[k] = array("d")
+            cols.append(self.step[k])
+        self.on_step = on_step
+        return cols
 
     def record_request(self, r: Request, reason: str) -> None:
         d = self.req
@@ -161,6 +174,7 @@ class Replica:
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
+        on_step = rec.on_step
 
         def record(out, now: float, dt: float) -> None:
             if len(c_time) >= limit and rec.steps is not None:
@@ -182,7 +196,9 @@ class Replica:
             c_q.append(stats.queries)
             c_h.append(stats.hits)
             c_nd.append(shape.num_decode)
-            c_pt.append(shape.num_tokens - shape.num_decode)
+            c_pt.append(shape.num_tokens - shape.num_decode - shape.num_spec_tokens)
+            if on_step is not None:
+                on_step(out)
 
         return record
 
@@ -247,6 +263,8 @@ class Replica:
         record = self._recorder()
         inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
         last_end = 0.0  # end of the batch scheduled last
+        # speculative decoding: vLLM learns a batch's rejections when it returns
+        returned = sched.batch_returned if getattr(sched, "spec", None) is not None else None
         while True:
             if len(inflight) < 2 and sched.has_requests():
                 out = sched.schedule()
@@ -273,6 +291,8 @@ class Replica:
             if end > env.now:
                 yield env.timeout(end - env.now)
             now = env.now
+            if returned is not None:
+                returned(out)
             if pending:
                 sched.finish_pending(pending, now)
             record(out, now, dt)
