@@ -613,13 +613,16 @@ class Scheduler:
             if spec is not None:
                 # vLLM: accepted drafts + 1, num_computed_tokens -= rejected; next step's drafts
                 if s:
-                    num_new += spec.rollback(req, s, stats, out if defer else None)
-                elif defer:
-                    req.spec_inflight = None
+                    num_new += spec.rollback(req, s, stats)
                 req.spec_tokens = spec.num_spec_tokens
             target, status = self._target_outputs(req)
             if num_new > 1 and req.num_output_tokens + num_new > target:
                 num_new = target - req.num_output_tokens  # check_stop trims after the stop
+                # it stops: one token behind, as vLLM's view of it (1 + k still to verify)
+                req.num_computed_tokens = req.num_tokens + num_new - 1
+            if spec is not None and defer:  # what vLLM learns when this batch returns
+                req.spec_inflight = (out, c + n - req.num_computed_tokens, num_new - 1) \
+                    if s else None
             req.num_tokens += num_new
             req.num_output_tokens += num_new
             if stats is not None:

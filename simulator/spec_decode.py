@@ -35,7 +35,8 @@ Scheduling (``Scheduler`` hooks, vLLM's structure):
   and nothing leaks; the KV cache caches full blocks up to ``num_tokens`` only.
 - async scheduling, one batch in flight (``Replica._run_async``): a batch's acceptance is
   drawn when it is scheduled and applied at once; what vLLM does not know until the batch
-  returns is kept in ``Request.spec_inflight`` = (batch, rejected, accepted): the next
+  returns is kept in ``Request.spec_inflight`` = (batch, rejected, accepted tokens it
+  appended): the next
   schedule allocates for the optimistic ``num_computed_tokens`` vLLM holds (+ rejected),
   clamps at ``max_model_len`` from it, and skips a request only when the one token the
   batch in flight surely returns reaches ``max_tokens`` (``Scheduler._clamp``).
@@ -305,18 +306,14 @@ class SpecDecoding:
     def new_stats(self) -> SpecDecodingStats:
         return SpecDecodingStats(self.num_spec_tokens)
 
-    def rollback(self, req, s: int, stats: SpecDecodingStats, inflight=None) -> int:
+    def rollback(self, req, s: int, stats: SpecDecodingStats) -> int:
         """vLLM ``update_from_output`` for a row that verified ``s`` drafts: draw the accepted
         count a, roll ``num_computed_tokens`` back by the s − a rejected tokens, observe the
-        draft; return a (the step appends a + 1 tokens). ``inflight``: the batch, when it is
-        still in flight (async scheduling), recorded in ``req.spec_inflight``."""
+        draft; return a (the step appends a + 1 tokens, fewer past a stop)."""
         a = self.acceptance.accepted(req, s, self._u())
-        r = s - a
         if req.num_computed_tokens > 0:
-            req.num_computed_tokens -= r
+            req.num_computed_tokens -= s - a
         stats.observe_draft(s, a)
-        if inflight is not None:
-            req.spec_inflight = (inflight, r, a)
         return a
 
     def lookahead(self, req) -> int:
