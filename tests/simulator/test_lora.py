@@ -6,6 +6,7 @@ load times, punica kernel cost and slot memory (``costmodels/lora.py``)."""
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from servesim.costmodels import BatchShape, build_cost_model, plan_memory
@@ -111,11 +112,9 @@ def test_gpu_evicted_adapter_in_cpu_pays_h2d_one_not_in_cpu_pays_disk():
         r = h.make("r", 8, 1)
         r.spec.lora = name
 
-        class Out:
-            scheduled = [(r, 8, 0)]
-            shape = BatchShape(0, 0, 0, (8,), (0,), 1)
-        st.on_batch(Out)
-        return Out.shape.lora_h2d_s, Out.shape.lora_disk_s
+        out = SimpleNamespace(scheduled=[(r, 8, 0)], shape=BatchShape(0, 0, 0, (8,), (0,), 1))
+        st.on_batch(out)
+        return out.shape.lora_h2d_s, out.shape.lora_disk_s
 
     assert batch("a") == (0.001, 0.030)  # cold: disk + copy
     assert batch("a") == (0.0, 0.0)  # in a GPU slot
@@ -177,7 +176,7 @@ def test_adapter_popularity_is_seeded_zipf_with_base_fraction():
                     base_fraction=0.25)
 
     class W:
-        meta = {"num_prompts": 20000}
+        meta: dict = {}  # noqa: RUF012
 
         def __iter__(self):
             for i in range(20000):

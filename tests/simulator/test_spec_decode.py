@@ -21,7 +21,7 @@ from servesim.simulator.spec_decode import (
     expected_acceptance_length,
 )
 
-from tests.simulator.harness import Harness, run_engine
+from tests.simulator.harness import Harness
 
 
 def spec(method="eagle", k=3, **acceptance):
