@@ -289,7 +289,7 @@ class ModelProposer:
         bound = "compute" if flops / m.peak > nbytes / m.bw else "memory"
         roof = max(flops / m.peak, nbytes / m.bw)
         prov = min(provs, key=lambda x: (x.startswith("calibration:"), x)) if provs else "default"
-        return [OpCost(f"{self.name}[{self.d.method}]", len(ps), seconds, flops, nbytes, bound,
+        return [OpCost(f"{self.name}.{self.d.method}", len(ps), seconds, flops, nbytes, bound,
                        roof / seconds if seconds else 0.0, prov)]
 
 
@@ -312,7 +312,7 @@ class HeadProposer:
             t = self.target
             res = t._gemm_op("medusa.resblock", self._res, self._res.n, self._res.k, R)
             head = t.head_ops(R)[0]  # the LM head GEMM (argmax instead of the sampler)
-            got = [OpCost(f"drafter[{self.method}]", self.k, self.k * (res.seconds +
+            got = [OpCost(f"drafter.{self.method}", self.k, self.k * (res.seconds +
                           head.seconds), self.k * (res.flops + head.flops),
                           self.k * (res.bytes + head.bytes), head.bound, head.efficiency,
                           head.provenance)]
@@ -353,7 +353,7 @@ class HostProposer:
         g, _ = self(batch)
         if self.method != "ngram_gpu" or not g:
             return []
-        return [OpCost("drafter[ngram_gpu]", 1, g, 0.0, g * self.bw, "memory", 1.0, "default")]
+        return [OpCost("drafter.ngram_gpu", 1, g, 0.0, g * self.bw, "memory", 1.0, "default")]
 
 
 def attach_proposer(model, cfg, drafter_override=None) -> None:
