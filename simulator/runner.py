@@ -10,6 +10,7 @@ import numpy as np
 import simpy
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.errors import ConfigError
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
     LazyRequests,
@@ -111,6 +112,11 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                                   and not lora_cfg.enable_lora)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
+        if (spec_cfg is not None or lora_cfg.enable_lora) and not _runs_vllm_loop(sched):
+            raise ConfigError(
+                f"scheduler.policy: {cfg.scheduler.policy} runs its own scheduling loop; "
+                "speculative_config and lora are modelled on vLLM's (fcfs, priority, or a "
+                "policy that keeps Scheduler.schedule and its waiting queue)")
         if spec_cfg is not None:
             from servesim.simulator.spec_decode import SpecDecoding
 
@@ -184,6 +190,18 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      itl_counts=itl_counts, steps=steps, counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
                      request_log=log if log.spilled else None, itl_stream=itl_stream)
+
+
+def _runs_vllm_loop(sched) -> bool:
+    """Whether ``sched`` schedules with vLLM's loops (where the spec-decode and LoRA hooks
+    are): a Scheduler that overrides none of them and keeps vLLM's waiting queue."""
+    from servesim.simulator.scheduler import Scheduler, _WaitingQueue
+
+    cls = type(sched)
+    return (isinstance(sched, Scheduler) and type(sched.waiting) is _WaitingQueue
+            and all(getattr(cls, m) is getattr(Scheduler, m) for m in (
+                "schedule", "_schedule_running_exact", "_schedule_waiting", "_clamp",
+                "update_from_output", "_build_shape")))
 
 
 def _step_columns(rec: Recorder, spec_cfg, lora_cfg):

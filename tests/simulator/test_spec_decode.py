@@ -197,6 +197,7 @@ def test_per_position_and_synthetic_acceptance():
     assert sd.acceptance.rates == [1.0, 0.5, 0.0]
 
 
+@pytest.mark.filterwarnings("ignore:Async scheduling not supported")
 def test_column_acceptance_reads_each_requests_rate(tmp_path):
     """``acceptance: {column: NAME}``: per-request α from a canonical trace column."""
     trace = tmp_path / "t.csv"
@@ -336,6 +337,7 @@ def test_cudagraph_sizes_are_multiples_of_one_plus_k_and_uniform_decode_replays_
     assert m.step_time(ragged).cudagraph == "PIECEWISE"
 
 
+@pytest.mark.filterwarnings("ignore:Async scheduling not supported")
 def test_drafter_and_lookahead_by_method():
     """num_lookahead_tokens = k for EAGLE/MTP/draft models, 0 for n-gram (Scheduler
     .__init__); the drafter's weights and KV enter the memory plan."""
@@ -356,6 +358,7 @@ def test_drafter_and_lookahead_by_method():
     assert eagle.num_gpu_blocks < base.num_gpu_blocks
 
 
+@pytest.mark.filterwarnings("ignore:Async scheduling not supported")
 def test_config_errors_are_one_line():
     with pytest.raises(ConfigError, match="acceptance: required"):
         load_config(None, ["speculative_config.method=eagle",
@@ -371,6 +374,11 @@ def test_config_errors_are_one_line():
         build_cost_model(_resolved("speculative_config.method=draft_model",
                                    "speculative_config.num_speculative_tokens=2",
                                    "speculative_config.acceptance={rate: 0.5}"))
+    with pytest.raises(ConfigError, match="runs its own scheduling loop"):
+        run_experiment(load_config(None, ["scheduler.policy=sarathi", "workload.num_prompts=2",
+                                          "speculative_config.method=eagle",
+                                          "speculative_config.num_speculative_tokens=2",
+                                          "speculative_config.acceptance={rate: 0.5}"]))
 
 
 def test_expected_acceptance_length_formula():
