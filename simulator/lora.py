@@ -128,7 +128,6 @@ class SkippedWaitingQueue:
         self.skipped = make_queue()
         self.priority = priority
         self._step: list = []
-        self._src = None
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.skipped)
@@ -150,13 +149,10 @@ class SkippedWaitingQueue:
         return w if len(w) else s
 
     def peek_request(self):
-        self._src = self._select()
-        return self._src.peek_request()
+        return self._select().peek_request()
 
     def pop_request(self):
-        q = self._src if self._src is not None else self._select()
-        self._src = None
-        return q.pop_request()
+        return self._select().pop_request()
 
     def skip_head(self) -> None:
         """The peeked request cannot join this step (``step_skipped_waiting``)."""
