@@ -234,7 +234,7 @@ class StepCostModel:
                  cudagraph_sizes: list[int] | None = None, enforce_eager: bool = False,
                  calibration: Calibration | None = None,
                  efficiencies: Efficiencies = Efficiencies(),
-                 host: HostOverhead | None = None):
+                 host: HostOverhead | None = None, num_spec_tokens: int = 0):
         validate_parallel(spec, tp, pp)
         self.spec, self.hw, self.tp, self.pp = spec, hw, tp, pp
         self.weight_format = weight_format or WeightFormat("bf16", 2.0, "bf16")
@@ -249,6 +249,15 @@ class StepCostModel:
             calibration.host else HOST_DEFAULT
         self.async_scheduling = async_scheduling
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        # -- speculative decoding and multi-LoRA (costmodels/spec_decode.py, lora.py) ---------
+        # vLLM's GPUModelRunner.uniform_decode_query_len: a decode-only batch whose rows all
+        # carry 1 + k query tokens replays the FULL decode graph; any other decode batch is
+        # "mixed" (_is_uniform_decode).
+        self.uniform_decode_query_len = 1 + num_spec_tokens
+        # Per-step terms added to the forward: objects with ``__call__(batch) -> (gpu_s,
+        # host_s)`` (hot path) and ``ops(batch) -> list[OpCost]`` (breakdown): the spec-decode
+        # proposer, LoRA shrink/expand kernels and adapter loads.
+        self.step_extensions: tuple = ()
 
         # peaks (FLOP/s, bytes/s)
         self.peak = hw.peak_flops("bf16")
@@ -642,22 +651,34 @@ class StepCostModel:
     def runtime_mode(self, batch: BatchShape) -> tuple[int, int]:
         """(CUDA-graph mode, padded token count) vLLM would use for this batch."""
         pre = batch.prefill_new_tokens
-        T = batch.num_decode + (sum(pre) if pre else 0)
-        mode = self._mixed_mode if pre else self._decode_mode
+        nd, ns = batch.num_decode, batch.num_spec_tokens
+        T = nd + ns + (sum(pre) if pre else 0)
+        uniform = not pre and ns == nd * (self.uniform_decode_query_len - 1)
+        mode = self._decode_mode if uniform else self._mixed_mode
         if mode and 0 < T <= self._max_graph:
             return mode, self._pad[T]
         return NONE, T
 
+    def _spec_decode_attn(self, nd: int, ns: int, ctx: int, t: float) -> float:
+        """Decode attention ``t`` (nd rows of one query, Σ context ``ctx``) when the rows also
+        verify ``ns`` draft tokens (vLLM: one attention call, query length 1 + k per row):
+        the KV is read once, the q/o rows and KV writes grow by ``ns``, the FLOPs by the mean
+        query length (nd + ns) / nd."""
+        return max(t + ns * self._dBr, ctx * (nd + ns) / nd * self._dF)
+
     def step_seconds(self, batch: BatchShape) -> float:
         """Seconds of one engine step (O(1) in the number of running requests)."""
         nd = batch.num_decode
+        ns = batch.num_spec_tokens
         pre = batch.prefill_new_tokens
         if pre:
-            T = nd + sum(pre)
+            T = nd + ns + sum(pre)
             mode = self._mixed_mode
         else:
-            T = nd
-            mode = self._decode_mode
+            T = nd + ns
+            # spec decode: only uniform decode batches (every row 1 + k tokens) replay FULL
+            mode = self._decode_mode if ns == nd * (self.uniform_decode_query_len - 1) \
+                else self._mixed_mode
         if mode and 0 < T <= self._max_graph:
             Tp = self._pad[T]
         else:
@@ -672,7 +693,10 @@ class StepCostModel:
             ctx = batch.decode_context_sum
             if self.window and ctx > nd * self.window:
                 ctx = nd * self.window
-            gpu += self._decode_attn(nd, ctx)
+            if ns:
+                gpu += self._spec_decode_attn(nd, ns, ctx, self._decode_attn(nd, ctx))
+            else:
+                gpu += self._decode_attn(nd, ctx)
         if pre:
             pc = batch.prefill_context
             if len(pc) != len(pre):
@@ -692,6 +716,10 @@ class StepCostModel:
         gpu = max(gpu, launch)
         ho = self.host
         host = ho.per_step_s + ho.per_request_s * (nd + len(pre)) + ho.per_token_s * T
+        for ext in self.step_extensions:  # spec-decode proposer, LoRA (see __init__)
+            g, h = ext(batch)
+            gpu += g
+            host += h
         if self.async_scheduling:
             return (max(host, gpu)) + ho.async_residual_s
         return gpu + host
@@ -718,10 +746,12 @@ class StepCostModel:
             ctx = batch.decode_context_sum
             if self.window and ctx > nd * self.window:
                 ctx = nd * self.window
-            attn_s += self._decode_attn(nd, ctx)
+            ns = batch.num_spec_tokens
+            t = self._decode_attn(nd, ctx)
+            attn_s += self._spec_decode_attn(nd, ns, ctx, t) if ns else t
             provs.add(self._decode_cal(nd, ctx)[1] if self._cal_dec else DEFAULT)
-            flops += L * ctx * self._dec_f1
-            nbytes += L * (ctx * self._dec_b1 + nd * self._dec_rb1)
+            flops += L * ctx * (nd + ns) / nd * self._dec_f1
+            nbytes += L * (ctx * self._dec_b1 + (nd + ns) * self._dec_rb1)
         pc = tuple(batch.prefill_context) + (0,) * (len(pre) - len(batch.prefill_context))
         for c, p in zip(pre, pc):
             attn_s += self._prefill_attn(c, p)
@@ -753,10 +783,19 @@ class StepCostModel:
         fwd = max(gpu, launch)
         ops.append(OpCost("kernel_launch", n_launch, fwd - gpu, 0.0, 0.0, "host", 1.0,
                           self.host_provenance))
-        ops.append(OpCost("host", 1, seconds - fwd, 0.0, 0.0, "host", 1.0,
+        # spec-decode proposer, LoRA kernels and adapter copies (GPU side; their host side,
+        # such as an n-gram proposer or a disk read, is in "host")
+        ext_gpu = ext_host = 0.0
+        for ext in self.step_extensions:
+            g, h = ext(batch)
+            ext_gpu += g
+            ext_host += h
+            ops.extend(ext.ops(batch))
+        ops.append(OpCost("host", 1, seconds - fwd - ext_gpu, 0.0, 0.0, "host", 1.0,
                           self.host_provenance))
         ho = self.host
-        host = ho.per_step_s + ho.per_request_s * batch.num_reqs + ho.per_token_s * T
+        host = ho.per_step_s + ho.per_request_s * batch.num_reqs + ho.per_token_s * T + ext_host
+        fwd += ext_gpu
         return StepCost(seconds=seconds, breakdown=ops, gpu_seconds=fwd, host_seconds=host,
                         padded_batch=Tp, cudagraph=_MODE_NAMES[mode])
 
@@ -814,10 +853,17 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
     validate_parallel(spec, tp, pp)
     seqs, toks, _ = _resolved(cfg, hw, spec)
     comp = cfg.compilation
+    # speculative decoding / LoRA: costmodels/spec_decode.py, costmodels/lora.py
+    scfg = getattr(cfg, "speculative_config", None)
+    k = scfg.num_speculative_tokens if scfg is not None else 0
     sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
-                          comp.cudagraph_capture_sizes)
+                          comp.cudagraph_capture_sizes, decode_query_len=1 + k)
+    if k and comp.cudagraph_mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
+
+        sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k, sizes[-1] if sizes else 0)
     cal = load_calibration(cfg.hardware, hw)
-    return StepCostModel(
+    model = StepCostModel(
         spec, hw, tp=tp, pp=pp,
         weight_format=resolve_weight_format(cfg.model, spec, hw),
         kv_dtype_bytes=kv_cache_dtype_bytes(cfg.cache.cache_dtype),
@@ -825,8 +871,17 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
         async_scheduling=cfg.scheduler.async_scheduling,
         cudagraph_mode=comp.cudagraph_mode, cudagraph_sizes=sizes,
         enforce_eager=cfg.model.enforce_eager, calibration=cal,
-        efficiencies=efficiencies or Efficiencies(), host=host,
+        efficiencies=efficiencies or Efficiencies(), host=host, num_spec_tokens=k,
     )
+    if scfg is not None:
+        from servesim.costmodels.spec_decode import attach_proposer
+
+        attach_proposer(model, cfg)
+    if getattr(getattr(cfg, "lora", None), "enable_lora", False):
+        from servesim.costmodels.lora import attach_lora
+
+        attach_lora(model, cfg)
+    return model
 
 
 __all__ = [

@@ -38,6 +38,14 @@ servesim file sees what the default ``vllm bench serve`` writes):
   requests (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
   per request come from ``result.request_itls`` when the engine provides it, else ``null``.
 
+Speculative decoding: vLLM's ``spec_decode_*`` keys (:data:`SPEC_DECODE_KEYS`) after ``rtfx``
+as ``vllm bench serve`` writes them from the server's counters (acceptance rate in %,
+acceptance length = 1 + accepted / drafts), and extras ``speculative_method``,
+``num_speculative_tokens``, ``spec_decode_mean_accepted_length`` (= the acceptance length:
+tokens per verification step, bonus included) and ``spec_decode_mean_accepted_tokens``
+(accepted drafts per step). LoRA extras: ``max_loras``, ``max_cpu_loras``, adapters seen, the
+most adapters in one batch, GPU-slot hits and loads from CPU / disk.
+
 Extras after vLLM's keys: see :data:`EXTRA_KEYS`. ``wall_seconds`` and ``sim_speed`` are host
 timings (:data:`VOLATILE_KEYS`); ``write_run`` keeps them out of ``result.json``.
 """
@@ -99,6 +107,12 @@ VLLM_BENCH_KEYS: list[str] = [
     *(k for m in ("ttft", "tpot", "itl", "e2el") for k in _metric_keys(m, [99.0])),
 ]  # fmt: skip
 RAMP_UP_KEYS = ["ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"]
+# vLLM's speculative-decoding keys (written after rtfx when the server reports drafts)
+SPEC_DECODE_KEYS = [
+    "spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
+    "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+    "spec_decode_per_position_acceptance_rates",
+]  # fmt: skip
 DETAILED_KEYS = [
     "input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors",
 ]  # fmt: skip
@@ -504,6 +518,20 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     bench["max_concurrent_requests"] = _max_concurrent(starts, ends, presorted=True)
     del starts, ends
     bench["rtfx"] = 0.0
+    counters0 = result.counters or {}
+    if counters0.get("spec_decode_num_draft_tokens"):  # vllm bench: only when drafts > 0
+        drafts = counters0["spec_decode_num_drafts"]
+        accepted = counters0["spec_decode_num_accepted_tokens"]
+        bench.update(
+            spec_decode_acceptance_rate=100.0 * accepted
+            / counters0["spec_decode_num_draft_tokens"],
+            spec_decode_acceptance_length=1 + accepted / drafts if drafts else 0.0,
+            spec_decode_num_drafts=int(drafts),
+            spec_decode_draft_tokens=int(counters0["spec_decode_num_draft_tokens"]),
+            spec_decode_accepted_tokens=int(accepted),
+            spec_decode_per_position_acceptance_rates=[
+                v / drafts for v in counters0["spec_decode_num_accepted_tokens_per_pos"]],
+        )
 
     approximate = []
     for metric, _, _ in METRIC_INFO:
@@ -562,6 +590,23 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
         bench["failed_reasons"] = failed_reasons
     if getattr(result, "extras", None):  # cluster runs: num_gpus, tiers, router, instances
         bench.update(result.extras)
+    sc = getattr(cfg, "speculative_config", None)
+    if sc is not None:  # speculative decoding extras (vLLM's keys are above, after rtfx)
+        length = bench.get("spec_decode_acceptance_length")
+        bench.update(
+            speculative_method=sc.method,
+            num_speculative_tokens=sc.num_speculative_tokens,
+            # tokens per verification step, bonus token included (= vLLM's acceptance
+            # length, (1 - α^(k+1)) / (1 - α) for geometric α), and drafts accepted per step
+            spec_decode_mean_accepted_length=length,
+            spec_decode_mean_accepted_tokens=None if length is None else length - 1.0,
+        )
+    lc = getattr(cfg, "lora", None)
+    if lc is not None and lc.enable_lora:
+        bench.update(max_loras=lc.max_loras, max_cpu_loras=lc.max_cpu_loras,
+                     **{k: counter(k) for k in (
+                         "lora_adapters_seen", "lora_max_active_adapters", "lora_slot_hits",
+                         "lora_loads_from_cpu", "lora_loads_from_disk")})
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",

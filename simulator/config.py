@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
 from servesim.simulator.cluster.config import ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, short_repr
+from servesim.simulator.lora import LoRAConfig
+from servesim.simulator.spec_decode import SpeculativeConfig
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
 
 
@@ -116,6 +118,9 @@ class ExperimentConfig(_Section):
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     compilation: CompilationConfig = CompilationConfig()
+    # vLLM's speculative_config (None: off) and LoRAConfig: simulator/spec_decode.py, lora.py
+    speculative_config: SpeculativeConfig | None = None
+    lora: LoRAConfig = LoRAConfig()
     workload: WorkloadConfig = RandomWorkload()
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
@@ -385,6 +390,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     s.max_num_seqs, s.max_num_batched_tokens = batch_limits(
         hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,
         s.enable_chunked_prefill)
+    _resolve_spec_decode_and_lora(c)
     if s.async_scheduling is None:
         s.async_scheduling = True
     if s.max_num_batched_tokens < s.max_num_seqs:
@@ -407,9 +413,16 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             f"parallel.pipeline_parallel_size: {c.parallel.pipeline_parallel_size} is larger "
             f"than the number of layers ({spec.num_hidden_layers})")
     comp = c.compilation
+    k = c.speculative_config.num_speculative_tokens if c.speculative_config else 0
     if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
         sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens,
-                              comp.max_cudagraph_capture_size, comp.cudagraph_capture_sizes)
+                              comp.max_cudagraph_capture_size, comp.cudagraph_capture_sizes,
+                              decode_query_len=1 + k)
+        if k and comp.cudagraph_mode != "PIECEWISE":  # FULL decode graphs: multiples of 1 + k
+            from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
+
+            sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k,
+                                                           sizes[-1] if sizes else 0)
         top = sizes[-1] if sizes else 0
         if (comp.cudagraph_capture_sizes is not None and comp.max_cudagraph_capture_size
                 is not None and comp.max_cudagraph_capture_size != top):
@@ -419,9 +432,50 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         comp.cudagraph_capture_sizes = sizes
         comp.max_cudagraph_capture_size = top
     elif comp.max_cudagraph_capture_size is None:
-        comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
+        comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs * (1 + k), 512)
     if c.cluster is not None:  # each instance group with vLLM's defaults for its own GPU
         from servesim.simulator.cluster.config import resolve_cluster
 
         resolve_cluster(cfg, c)
     return c
+
+
+def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
+    """vLLM's start-up rules for ``speculative_config`` and ``lora`` (in place):
+
+    - ``scheduler.async_scheduling`` (``VllmConfig.__post_init__``): null stays on only for
+      EAGLE/EAGLE-3/MTP and ``ngram_gpu`` and turns off (with vLLM's warning) for other
+      methods; explicitly true is refused for methods other than those and ``draft_model``.
+    - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP.
+    - pipeline parallelism with speculative decoding is not modelled (refused).
+    - ``lora.max_cpu_loras``: null → ``max_loras``.
+    """
+    import warnings
+
+    from servesim.costmodels.spec_decode import ASYNC_ALLOWED_METHODS, ASYNC_DEFAULT_METHODS
+
+    sc, s = c.speculative_config, c.scheduler
+    if sc is not None:
+        m = sc.method
+        if c.parallel.pipeline_parallel_size > 1:
+            raise ConfigError("speculative_config: speculative decoding with "
+                              "pipeline_parallel_size > 1 is not modelled")
+        if s.async_scheduling is None and m not in ASYNC_DEFAULT_METHODS:
+            warnings.warn(f"Async scheduling not supported with {m}-based speculative "
+                          "decoding and will be disabled (vLLM).", stacklevel=3)
+            s.async_scheduling = False
+        elif s.async_scheduling and m not in ASYNC_ALLOWED_METHODS:
+            raise ConfigError(
+                "scheduler.async_scheduling: Currently, async scheduling is only supported "
+                f"with EAGLE/MTP/Draft Model/NGram GPU kind of speculative decoding, not "
+                f"{m} (vLLM)")
+        tp = c.parallel.tensor_parallel_size
+        if (m == "draft_model" and sc.draft_tensor_parallel_size is not None
+                and sc.draft_tensor_parallel_size != tp):
+            raise ConfigError(
+                f"speculative_config.draft_tensor_parallel_size: Currently, "
+                f"'draft_tensor_parallel_size' and 'tensor_parallel_size' must be the same. "
+                f"Got {sc.draft_tensor_parallel_size} and {tp}.")
+    lc = c.lora
+    if lc.enable_lora and lc.max_cpu_loras is None:
+        lc.max_cpu_loras = lc.max_loras

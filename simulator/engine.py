@@ -60,6 +60,19 @@ class Recorder:
         # starts (samples are attributed to the stage during which they were emitted).
         self.itl_stage: int | None = None
         self.stage_itl: dict[int, Distribution] = {}
+        # Extra timeseries columns (speculative decoding / LoRA counters): ``on_step(out)``
+        # appends one value to each of them after every step row (add_step_columns).
+        self.on_step: Callable | None = None
+
+    def add_step_columns(self, names, on_step: Callable) -> list:
+        """Add step columns ``names`` (after ``STEP``); ``on_step(out)`` fills them. Returns
+        the column arrays, in order."""
+        cols = []
+        for k in names:
+            self.step[k] = array("d")
+            cols.append(self.step[k])
+        self.on_step = on_step
+        return cols
 
     def record_request(self, r: Request, reason: str) -> None:
         d = self.req
@@ -208,6 +221,7 @@ class Replica:
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
+        on_step = rec.on_step
 
         def record(out, now: float, dt: float) -> None:
             if len(c_time) >= limit and rec.steps is not None:
@@ -229,7 +243,9 @@ class Replica:
             c_q.append(stats.queries)
             c_h.append(stats.hits)
             c_nd.append(shape.num_decode)
-            c_pt.append(shape.num_tokens - shape.num_decode)
+            c_pt.append(shape.num_tokens - shape.num_decode - shape.num_spec_tokens)
+            if on_step is not None:
+                on_step(out)
 
         return record
 
@@ -296,6 +312,8 @@ class Replica:
         record = self._recorder()
         inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
         last_end = 0.0  # end of the batch scheduled last
+        # speculative decoding: vLLM learns a batch's rejections when it returns
+        returned = sched.batch_returned if getattr(sched, "spec", None) is not None else None
         while True:
             if len(inflight) < 2 and sched.has_requests():
                 out = sched.schedule()
@@ -324,6 +342,8 @@ class Replica:
             now = env.now
             if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
                 self._apply_aborts()
+            if returned is not None:
+                returned(out)
             if pending:
                 pending = sched.finish_pending(pending, now)
             record(out, now, dt)

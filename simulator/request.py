@@ -91,6 +91,8 @@ class Request:
         "run_seq",
         "send_time",
         "spec",
+        "spec_inflight",
+        "spec_tokens",
         "status",
         "stop_pending",
     )
@@ -118,6 +120,10 @@ class Request:
         # Async scheduling, one batch in flight: the finished status this request reaches when
         # the batch in flight returns (its stop is not yet known to vLLM's scheduler).
         self.stop_pending: RequestStatus | None = None
+        # Speculative decoding (simulator/spec_decode.py): drafts to verify next step (vLLM
+        # ``len(spec_token_ids)``), and (batch, rejected, accepted) of the batch in flight.
+        self.spec_tokens = 0
+        self.spec_inflight: tuple | None = None
         self.status = RequestStatus.WAITING
         self.blocks: list = []
         self.num_cached_blocks = 0

@@ -10,6 +10,7 @@ import numpy as np
 import simpy
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.errors import ConfigError
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
     LazyRequests,
@@ -70,6 +71,16 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     mem = plan_memory(cfg)
     num_gpu_blocks = mem.num_gpu_blocks
     cost = build_cost_model(cfg)
+    # speculative decoding / multi-LoRA (simulator/spec_decode.py, lora.py): the exact loop
+    spec_cfg, lora_cfg = cfg.speculative_config, cfg.lora
+    seed = int(getattr(cfg.workload, "seed", 0) or 0)
+    lora_load = None
+    if lora_cfg.enable_lora:
+        from servesim.costmodels.lora import load_seconds
+        from servesim.simulator.lora import AdapterAssignment
+
+        workload = AdapterAssignment(workload, lora_cfg, seed)
+        lora_load = load_seconds(cfg, cost.spec, cost.hw, cost.host.launch_s)
     params = SchedulerParams(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
@@ -84,6 +95,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 
     env = simpy.Environment()
     rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
+    spec_totals, lora_states = _step_columns(rec, spec_cfg, lora_cfg)
     replicas: list[Replica] = []
     client_box: list[Client] = []
 
@@ -97,11 +109,28 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         if window and hasattr(kv, "set_sliding_window"):
             kv.set_sliding_window(window, cfg.scheduler.max_num_batched_tokens)
         try:  # several batches in flight break the decode group's every-step invariant, and
-            # a sliding window frees blocks on the decode path (exact loop)
+            # a sliding window frees blocks on the decode path (exact loop); so do spec decode
+            # (1 + k tokens per decode row) and LoRA (max_loras per step)
             sched = sched_factory(params, kv, fast_path=fast_path and batches == 1
-                                  and not window)
+                                  and not window and spec_cfg is None
+                                  and not lora_cfg.enable_lora)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
+        if (spec_cfg is not None or lora_cfg.enable_lora) and not _runs_vllm_loop(sched):
+            raise ConfigError(
+                f"scheduler.policy: {cfg.scheduler.policy} runs its own scheduling loop; "
+                "speculative_config and lora are modelled on vLLM's (fcfs, priority, or a "
+                "policy that keeps Scheduler.schedule and its waiting queue)")
+        if spec_cfg is not None:
+            from servesim.simulator.spec_decode import SpecDecoding
+
+            sched.enable_spec_decode(SpecDecoding(spec_cfg, np.random.default_rng(
+                [seed, i, 0x5BEC])))
+        if lora_cfg.enable_lora:
+            from servesim.simulator.lora import LoRAScheduling
+
+            sched.enable_lora(LoRAScheduling(lora_cfg, lora_load))
+            lora_states.append(sched.lora)
         replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
                                 max_concurrent_batches=batches, async_scheduling=async_sched))
 
@@ -160,6 +189,15 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         "gpu_busy_seconds": sum(r.busy_seconds for r in replicas),
         "wall_seconds": wall,
     }
+    if spec_totals is not None:
+        counters.update(spec_totals.counters())
+    if lora_states:
+        for st in lora_states:
+            for k, v in st.counters().items():
+                counters[k] = counters.get(k, 0) + v if k != "lora_max_active_adapters" \
+                    else max(counters.get(k, 0), v)
+        counters["lora_adapters_seen"] = len(set().union(*(st.adapters_seen
+                                                           for st in lora_states)))
     meta = {k: v for k, v in workload.meta.items() if not k.startswith("_")}
     if client.control is not None:
         meta["stage_windows"] = client.control.stage_windows
@@ -191,12 +229,60 @@ def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:
             "request_timeout_s": timeout, "max_retries": retries or 0, "meta": meta}
 
 
+def _runs_vllm_loop(sched) -> bool:
+    """Whether ``sched`` schedules with vLLM's loops (where the spec-decode and LoRA hooks
+    are): a Scheduler that overrides none of them and keeps vLLM's waiting queue."""
+    from servesim.simulator.scheduler import Scheduler, _WaitingQueue
+
+    cls = type(sched)
+    return (isinstance(sched, Scheduler) and type(sched.waiting) is _WaitingQueue
+            and all(getattr(cls, m) is getattr(Scheduler, m) for m in (
+                "schedule", "_schedule_running_exact", "_schedule_waiting", "_clamp",
+                "update_from_output", "_build_shape")))
+
+
+def _step_columns(rec: Recorder, spec_cfg, lora_cfg):
+    """Extra ``timeseries.csv`` columns: vLLM's ``vllm:spec_decode_*`` counters (and
+    ``vllm:generation_tokens_total``) with speculative decoding; the LoRA gauge and load
+    counters with LoRA. Returns (spec totals or None, list to collect LoRA states in)."""
+    lora_states: list = []
+    totals = None
+    names: list[str] = []
+    if spec_cfg is not None:
+        from servesim.simulator.spec_decode import SpecDecodeTotals
+
+        totals = SpecDecodeTotals(spec_cfg.num_speculative_tokens)
+        names += totals.columns()
+    if lora_cfg.enable_lora:
+        names += ["lora_num_active_adapters", "lora_loads_from_cpu_total",
+                  "lora_loads_from_disk_total"]
+    if not names:
+        return None, lora_states
+    n_spec = len(totals.columns()) if totals is not None else 0
+    cols: list = []
+
+    def on_step(out) -> None:
+        if totals is not None:
+            totals.add(out.spec_decoding_stats)
+            for col, v in zip(cols, totals.row()):
+                col.append(v)
+        if lora_states:
+            lc = cols[n_spec:]
+            lc[0].append(out.shape.num_loras)
+            lc[1].append(sum(st.num_loads_cpu for st in lora_states))
+            lc[2].append(sum(st.num_loads_disk for st in lora_states))
+
+    cols.extend(rec.add_step_columns(names, on_step))
+    return totals, lora_states
+
+
 def _park_after(cfg: ExperimentConfig) -> int | None:
     """How many waiting requests a single vLLM-FCFS engine holds before the client parks the
     rest compactly (``engine.Parked``); None where parking could change a decision (other
-    policies reorder or scan the whole queue; several replicas route by queue length)."""
+    policies reorder or scan the whole queue; several replicas route by queue length; LoRA's
+    waiting loop skips past requests whose adapter cannot join)."""
     s = cfg.scheduler
-    if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1:
+    if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1 or cfg.lora.enable_lora:
         return None
     return PARK_AFTER_SEQS * s.max_num_seqs + 64
 
@@ -248,9 +334,12 @@ class StepSampler:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The ``RunResult.steps`` dict (``STEP_COLUMNS`` names)."""
+        # STEP, then extra columns (spec decode, LoRA)
+        keys = list(self._raw[0] if self._raw else self._rows[0] if self._rows else
+                    self._carry if self._carry is not None else Recorder.STEP)
         if self.interval is None:
             s = {k: np.concatenate([c[k] for c in self._raw]) if self._raw else np.zeros(0)
-                 for k in Recorder.STEP}
+                 for k in keys}
             if len(s["time_s"]) > 1:  # several replicas interleave: order by time
                 order = np.argsort(s["time_s"], kind="stable")
                 s = {k: v[order] for k, v in s.items()}
@@ -261,6 +350,6 @@ class StepSampler:
                 last["time_s"] = (np.floor(last["time_s"] / self.interval) + 1) * self.interval
                 rows.append(last)
             s = {k: np.concatenate([r[k] for r in rows]) if rows else np.zeros(0)
-                 for k in Recorder.STEP}
+                 for k in keys}
         names = dict(zip(Recorder.STEP, STEP_COLUMNS))
-        return {names[k]: v for k, v in s.items()}
+        return {names.get(k, k): v for k, v in s.items()}

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from servesim.costmodels.batch import BatchShape
 from servesim.simulator.kv_cache import KVCacheManager
+from servesim.simulator.lora import SkippedWaitingQueue
 from servesim.simulator.request import Request, RequestStatus
 
 
@@ -83,6 +84,7 @@ class SchedulerOutput:
         "scheduled",
         "scheduled_at",
         "shape",
+        "spec_decoding_stats",
         "total_num_scheduled_tokens",
     )
 
@@ -100,6 +102,8 @@ class SchedulerOutput:
         self.advanced = False
         self.sampling: list[bool] | None = None
         self.scheduled_at: float | None = None  # engine time of the schedule() call
+        # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output)
+        self.spec_decoding_stats = None
 
     def as_dict(self) -> dict[str, int]:
         """{request_id: num_scheduled_tokens} (tests; needs ``record_schedules``)."""
@@ -193,6 +197,23 @@ class Scheduler:
         self._ctx_heap: list[tuple[int, int, int, Request]] = []
         self._last_fast_end = float("nan")
         self._prev_fast_end = float("nan")  # (consecutive fast steps are consecutive batches)
+        # Speculative decoding and multi-LoRA (simulator/spec_decode.py, lora.py): None when
+        # off; the runner turns them on with enable_spec_decode / enable_lora (exact loop).
+        self.spec = None
+        self.lora = None
+
+    def enable_spec_decode(self, spec) -> None:
+        """Speculative decoding (a ``spec_decode.SpecDecoding``); exact loop only (a decode
+        row is 1 + k tokens, not the decode group's one)."""
+        self.spec = spec
+        self.fast_path = False
+
+    def enable_lora(self, lora) -> None:
+        """Multi-LoRA (a ``lora.LoRAScheduling``): the waiting queue gains vLLM's
+        ``skipped_waiting`` for requests whose adapter cannot join a step."""
+        self.lora = lora
+        self.fast_path = False
+        self.waiting = SkippedWaitingQueue(lambda: _WaitingQueue(self.priority), self.priority)
 
     # ------------------------------------------------------------------------------------------
     # Queue management
@@ -337,14 +358,21 @@ class Scheduler:
         ph = req.num_output_placeholders
         if ph and req.num_computed_tokens + 2 - ph >= req.prompt_len + req.max_tokens:
             return 0  # several batches in flight (pipeline parallelism)
-        if req.num_output_tokens >= req.max_tokens:
-            return 0  # one batch in flight: its counters already hold that output
-        n = req.num_tokens + ph - req.num_computed_tokens
+        inf = req.spec_inflight  # spec decode, async: (batch in flight, rejected, accepted)
+        # One batch in flight: its counters already hold that output; with drafts in it vLLM
+        # only knows it returns >= 1 token and skips iff that one reaches max_tokens.
+        if req.num_output_tokens >= req.max_tokens and (
+                inf is None or req.num_output_tokens - inf[2] >= req.max_tokens):
+            return 0
+        # vLLM: num_tokens_with_spec (+ placeholders) - num_computed_tokens
+        n = req.num_tokens + req.spec_tokens + ph - req.num_computed_tokens
         if 0 < self.threshold < n:
             n = self.threshold
         if n > budget:
             n = budget
         cap = self.max_model_len - 1 - req.num_computed_tokens
+        if inf is not None:  # vLLM's num_computed_tokens still holds the drafts to be rejected
+            cap -= inf[1]
         return cap if n > cap else n
 
     def _blocks_needed(self, req: Request, n: int) -> int:
@@ -450,6 +478,7 @@ class Scheduler:
         running = self.running
         kv = self.kv
         scheduled = out.scheduled
+        spec = self.spec
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -458,7 +487,10 @@ class Scheduler:
                 i += 1
                 continue
             while True:
-                new_blocks = kv.allocate_slots(req, n)
+                if spec is None:
+                    new_blocks = kv.allocate_slots(req, n)
+                else:  # + vLLM's num_lookahead_tokens (spec_decode.SpecDecoding.lookahead)
+                    new_blocks = kv.allocate_slots(req, n, 0, None, spec.lookahead(req))
                 if new_blocks is not None:
                     break
                 if self.priority:
@@ -492,6 +524,8 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_tokens = 0  # vLLM _preempt_request: spec_token_ids = []
+        req.spec_inflight = None
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(req)
@@ -530,10 +564,16 @@ class Scheduler:
         running = self.running
         kv = self.kv
         full = self.reserve_full_isl
+        lora = self.lora
+        # multi-LoRA: vLLM's scheduled_loras (adapters of the running requests scheduled)
+        loras = lora.scheduled_loras(out) if lora is not None else None
         while len(waiting) and budget > 0:
             if len(running) == self.max_num_running_reqs:
                 break
             req = waiting.peek_request()
+            if loras is not None and lora.blocked(req, loras):
+                waiting.skip_head()  # would exceed max_loras: skipped_waiting, go on
+                continue
             hits, num_computed = self._prefix_head_start(req)
             if self.connector is not None and req.num_computed_tokens == 0:
                 # KV from outside (remote prefill, CPU tier) loads asynchronously: the request
@@ -556,6 +596,10 @@ class Scheduler:
                 break
             self._admit(out, n, num_computed)
             budget -= n
+            if loras is not None and req.spec.lora is not None:
+                loras.add(req.spec.lora)
+        if loras is not None:
+            waiting.end_step()
 
     def _build_shape(self, out: SchedulerOutput) -> None:
         nd = out.num_group
@@ -566,16 +610,26 @@ class Scheduler:
         # The model runner computes logits for every scheduled row (partial prefill chunks
         # included; their token is discarded): ``logits_indices = query_start_loc[1:] - 1``.
         sampled = nd + len(out.scheduled)
+        ns = 0  # speculative decoding: draft tokens of decode rows (logits at each one too)
         for req, n, c in out.scheduled:
             if n == 1:
                 nd += 1
                 ctx_sum += c + 1
                 if c + 1 > ctx_max:
                     ctx_max = c + 1
+            elif c + n > req.num_tokens:  # a decode row verifying c + n - num_tokens drafts
+                nd += 1
+                ns += c + n - req.num_tokens
+                ctx_sum += c + 1
+                if c + 1 > ctx_max:
+                    ctx_max = c + 1
             else:
                 pre_new.append(n)
                 pre_ctx.append(c)
-        out.shape = BatchShape(nd, ctx_sum, ctx_max, tuple(pre_new), tuple(pre_ctx), sampled)
+        out.shape = BatchShape(nd, ctx_sum, ctx_max, tuple(pre_new), tuple(pre_ctx),
+                               sampled + ns, ns)
+        if self.lora is not None:  # adapters of this batch, the worker's loads
+            self.lora.on_batch(out)
 
     # ------------------------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, now: float, dt: float,
@@ -617,30 +671,49 @@ class Scheduler:
                 else:
                     req.status = status
                 finished.append(req)
+        spec = self.spec
+        stats = spec.new_stats() if spec is not None else None
         for req, n, c in out.scheduled:
             req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
                 t = out.scheduled_at
                 req.first_scheduled_time = now - dt if t is None else t
-            if c + n != req.num_tokens:
+            s = c + n - req.num_tokens  # > 0: drafts verified (speculative decoding)
+            if s < 0:
                 continue  # mid-prefill chunk: nothing sampled
             if req.stop_pending is not None:
                 continue  # async: the extra row of a request whose stop is in flight
-            req.num_tokens += 1
-            req.num_output_tokens += 1
+            num_new = 1
+            if spec is not None:
+                # vLLM: accepted drafts + 1, num_computed_tokens -= rejected; next step's drafts
+                if s:
+                    num_new += spec.rollback(req, s, stats)
+                req.spec_tokens = spec.num_spec_tokens
+            target, status = self._target_outputs(req)
+            if num_new > 1 and req.num_output_tokens + num_new > target:
+                num_new = target - req.num_output_tokens  # check_stop trims after the stop
+                # it stops: one token behind, as vLLM's view of it (1 + k still to verify)
+                req.num_computed_tokens = req.num_tokens + num_new - 1
+            if spec is not None and defer:  # what vLLM learns when this batch returns
+                req.spec_inflight = (out, c + n - req.num_computed_tokens, num_new - 1) \
+                    if s else None
+            req.num_tokens += num_new
+            req.num_output_tokens += num_new
+            if stats is not None:
+                stats.num_generation_tokens += num_new
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
             else:
                 itl_explicit.append(now - req.last_token_time)
             req.prev_token_time = req.last_token_time
             req.last_token_time = now
-            target, status = self._target_outputs(req)
             if req.num_output_tokens >= target:
                 if defer:
                     req.stop_pending = status
                 else:
                     req.status = status
                 finished.append(req)
+        out.spec_decoding_stats = stats
         if finished and not defer:
             self._remove_finished(finished, now)
         # Requests now exactly one token behind join the decode group.
@@ -665,6 +738,14 @@ class Scheduler:
                         partials.append(r)
                 self._partials = partials
         return finished
+
+    def batch_returned(self, out: SchedulerOutput) -> None:
+        """Async scheduling with speculative decoding: batch ``out`` is back, so vLLM now
+        knows its rejections (``Request.spec_inflight`` no longer applies)."""
+        for req, _, _ in out.scheduled:
+            inf = req.spec_inflight
+            if inf is not None and inf[0] is out:
+                req.spec_inflight = None
 
     def finish_pending(self, reqs: list[Request], now: float) -> list[Request]:
         """Async scheduling: the batch that produced these requests' last outputs returned
