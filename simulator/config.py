@@ -131,8 +131,9 @@ class ExperimentConfig(_Section):
 
     def dump_tree(self, mode: str = "python") -> dict:
         """``model_dump`` without the optional extension keys while unused (``cluster``,
-        ``cache.kv_offload``, a default ``client``, null ``workload.stages``/``warmup``): a
-        config that does not use them dumps and hashes as before they existed."""
+        ``cache.kv_offload``, a default ``client``, null ``workload.stages``/``warmup``,
+        ``speculative_config``, ``lora`` with ``enable_lora: false``): a config that does not
+        use them dumps and hashes as before they existed."""
         d = self.model_dump(mode=mode)
         if d.get("cluster") is None:
             d.pop("cluster", None)
@@ -140,6 +141,10 @@ class ExperimentConfig(_Section):
             d["cache"].pop("kv_offload", None)
         if d.get("client") == ClientConfig().model_dump(mode=mode):
             d.pop("client")
+        if d.get("speculative_config", 0) is None:
+            d.pop("speculative_config")
+        if not d.get("lora", {}).get("enable_lora", True):
+            d.pop("lora")
         wl = d.get("workload") or {}
         for k in ("stages", "warmup"):
             if k in wl and wl[k] is None:

@@ -38,6 +38,8 @@ def test_plain_config_has_no_cluster_keys_and_no_cluster_outputs(tmp_path):
     dumped["cache"].pop("kv_offload")
     # (as the other extension keys left at their defaults: client timeouts, load stages)
     dumped.pop("client")
+    dumped.pop("speculative_config")
+    dumped.pop("lora")
     dumped["workload"].pop("stages")
     dumped["workload"].pop("warmup")
     assert dumped == cfg.dump_tree(mode="json")
