@@ -553,6 +553,8 @@ class Scheduler:
         self.waiting = PriorityRequestQueue() if self.priority else FCFSRequestQueue()
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
+        # Rules that fired and that tests may want to know about (not vLLM state).
+        self.events: set[str] = set()
 
     # -- queue management
     def add_request(self, request: Request) -> None:
@@ -600,6 +602,11 @@ class Scheduler:
                     break
                 if self.priority:
                     preempted_req = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    if (preempted_req not in scheduled_running_reqs
+                            and self.running.index(preempted_req) < req_index):
+                        # vLLM moves req_index back only for a victim it scheduled this step,
+                        # so the request after this one is passed over.
+                        self.events.add(VICTIM_SKIPPED_BEFORE_INDEX)
                     self.running.remove(preempted_req)
                     if preempted_req in scheduled_running_reqs:
                         scheduled_running_reqs.remove(preempted_req)
@@ -730,6 +737,8 @@ class Scheduler:
             # AsyncScheduler._update_request_with_output
             request.num_output_placeholders -= 1
             assert request.num_output_placeholders >= 0, request
+            if status_before_update != RUNNING and self.kv_cache_manager.enable_caching:
+                self.events.add(TOKEN_TO_PREEMPTED_NOT_CACHED)
             if status_before_update == RUNNING:
                 self.kv_cache_manager.cache_blocks(
                     request, request.num_computed_tokens - request.num_output_placeholders)
@@ -743,6 +752,12 @@ class Scheduler:
 
 # --------------------------------------------------------------------------------------------
 # Engine loop (vllm/v1/engine/core.py) with simulated time
+
+# Events (Scheduler.events / Result.events): rules that fired, for tests that track them.
+VICTIM_SKIPPED_BEFORE_INDEX = "priority victim before req_index, not scheduled this step"
+TOKEN_TO_PREEMPTED_NOT_CACHED = "async: a token came back to a preempted request (not cached)"
+EMPTY_BATCH_TAKES_A_SLOT = "an empty batch took a batch-queue slot behind two or more"
+
 
 class Stall(RuntimeError):
     """The engine has requests but can never schedule them (and no arrival is pending)."""
@@ -768,6 +783,7 @@ class Result:
     batches: list[Batch]
     requests: dict[str, RequestResult]
     finish_order: list[str]
+    events: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -780,8 +796,15 @@ class _InFlight:
 class Engine:
     """``EngineCore``: ``step`` (sync) or ``step_with_batch_queue`` (async or PP)."""
 
-    def __init__(self, config: Config, step_time: float = 1.0, max_steps: int = 100_000):
+    def __init__(self, config: Config, step_time: float = 1.0, max_steps: int = 100_000,
+                 queue_empty_batches: bool = True):
+        """``queue_empty_batches``: vLLM 0.22.1 puts an empty ``SchedulerOutput`` into the
+        batch queue too (``step_with_batch_queue`` appends whatever ``schedule()`` returned),
+        where it holds a slot until the batches before it return. ``False`` is NOT vLLM: it
+        drops empty batches (re-scheduling at once after a preemption), only to let tests
+        look past that known difference."""
         self.config = config
+        self.queue_empty_batches = queue_empty_batches
         self.step_time = step_time
         self.max_steps = max_steps
         self.scheduler = Scheduler(config)
@@ -854,7 +877,17 @@ class Engine:
         if self.scheduler.has_requests():
             out = self.scheduler.schedule()
             model_executed = out.total_num_scheduled_tokens > 0
+            if not model_executed and not self.queue_empty_batches:
+                if q:
+                    b = q.pop()
+                    self.now = max(self.now, b.done)
+                    self._finish(self.scheduler.update_from_output(b.out))
+                elif not out.preempted_req_ids:
+                    self._idle_until_arrival()
+                return
             done = self._launch(out)
+            if not model_executed and len(q) >= 2:
+                self.scheduler.events.add(EMPTY_BATCH_TAKES_A_SLOT)
             if not model_executed:
                 # An empty batch still takes a queue slot; its (empty) result comes back after
                 # the batches before it.
@@ -893,8 +926,9 @@ class Engine:
                                FINISH_REASON[r.status])
             for rid, r in self.all_requests.items()
         }
-        return Result(self.batches, reqs, self.finish_order)
+        return Result(self.batches, reqs, self.finish_order, set(self.scheduler.events))
 
 
-def simulate(config: Config, specs: list[RequestSpec], step_time: float = 1.0) -> Result:
-    return Engine(config, step_time).run(specs)
+def simulate(config: Config, specs: list[RequestSpec], step_time: float = 1.0,
+             **engine_kw) -> Result:
+    return Engine(config, step_time, **engine_kw).run(specs)

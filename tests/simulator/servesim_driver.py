@@ -11,7 +11,6 @@ max_tokens``.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -23,11 +22,7 @@ from servesim.simulator.scheduler import Scheduler, SchedulerParams
 from servesim.workloads.schema import RequestSpec as ServesimSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference.vllm_ref import Batch, Config, RequestResult, RequestSpec, Result  # noqa: E402
-
-_PARAM_FIELDS = {f.name for f in dataclasses.fields(SchedulerParams)}
-HAS_RESERVE_FULL_ISL = "reserve_full_isl" in _PARAM_FIELDS
-HAS_ASYNC = "async_scheduling" in _PARAM_FIELDS
+from reference.vllm_ref import Batch, Config, RequestResult, RequestSpec, Result
 
 
 def servesim_spec(spec: RequestSpec, max_model_len: int) -> ServesimSpec:
@@ -43,15 +38,12 @@ def servesim_spec(spec: RequestSpec, max_model_len: int) -> ServesimSpec:
 
 
 def scheduler_params(cfg: Config) -> SchedulerParams:
-    kw = dict(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-              max_model_len=cfg.max_model_len, block_size=cfg.block_size,
-              long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-              enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy)
-    if HAS_RESERVE_FULL_ISL:
-        kw["reserve_full_isl"] = cfg.scheduler_reserve_full_isl
-    if HAS_ASYNC:
-        kw["async_scheduling"] = cfg.async_scheduling
-    return SchedulerParams(**kw)
+    return SchedulerParams(
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len, block_size=cfg.block_size,
+        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+        enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy,
+        reserve_full_isl=cfg.scheduler_reserve_full_isl, async_scheduling=cfg.async_scheduling)
 
 
 def run_servesim(cfg: Config, specs: list[RequestSpec], *, fast_path: bool = True,
@@ -70,26 +62,9 @@ def run_servesim(cfg: Config, specs: list[RequestSpec], *, fast_path: bool = Tru
                                                 FINISHED_REASON[req.status])
         order.append(req.request_id)
 
-    kw = {}
-    if cfg.async_scheduling:
-        kw["async_scheduling"] = True
     replica = Replica(env, sched, lambda shape: step_time, Recorder(), on_finish,
-                      max_concurrent_batches=pp, **kw)
-    batches: list[Batch] = []
-    if hasattr(replica, "trace"):
-        replica.trace = trace = []
-    else:  # before Replica.trace: record each non-empty schedule() as it is made
-        trace = None
-        schedule = sched.schedule
-
-        def recorded_schedule():
-            out = schedule()
-            if out.total_num_scheduled_tokens:
-                batches.append(Batch(env.now, out.as_dict(),
-                                     [r.request_id for r in out.preempted]))
-            return out
-
-        sched.schedule = recorded_schedule
+                      max_concurrent_batches=pp, async_scheduling=cfg.async_scheduling)
+    replica.trace = []
 
     ordered = sorted(specs, key=lambda s: s.arrival_time)
 
@@ -102,6 +77,5 @@ def run_servesim(cfg: Config, specs: list[RequestSpec], *, fast_path: bool = Tru
 
     env.process(arrivals())
     env.run(until=max_time)
-    if trace is not None:
-        batches = [Batch(t, dict(d), list(p)) for t, d, p in trace]
+    batches = [Batch(t, dict(d), list(p)) for t, d, p in replica.trace]
     return Result(batches, results, order)

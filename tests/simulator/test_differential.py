@@ -24,18 +24,25 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
-from servesim_driver import HAS_ASYNC, HAS_RESERVE_FULL_ISL, run_servesim
+from servesim_driver import run_servesim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference.vllm_ref import Config, RequestSpec, Stall, simulate  # noqa: E402
+from reference.vllm_ref import (
+    EMPTY_BATCH_TAKES_A_SLOT,
+    TOKEN_TO_PREEMPTED_NOT_CACHED,
+    VICTIM_SKIPPED_BEFORE_INDEX,
+    Config,
+    RequestSpec,
+    Stall,
+    simulate,
+)
 
-CHECK_FINISH_ORDER = os.environ.get("SERVESIM_DIFF_FINISH_ORDER", "1") == "1"
 SCALE = 20 if os.environ.get("SERVESIM_FUZZ") == "long" else 1
-COMMON = dict(deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+COMMON = {"deadline": None, "derandomize": True, "database": None,
+          "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                    HealthCheck.filter_too_much]}
 
 # (arrival slot, prompt length, output length, prefix family, priority, stops on EOS)
 req_st = st.tuples(
@@ -108,8 +115,7 @@ def build(reqs, cfg, *, reserve_full_isl=True, async_scheduling=False, pp=1, id_
 
 
 def describe(config, specs) -> str:
-    lines = [repr(config)] + [repr(s) for s in specs]
-    return "\n".join(lines)
+    return "\n".join([repr(config)] + [repr(s) for s in specs])
 
 
 def assert_same(ref, real, config, specs, label):
@@ -126,72 +132,116 @@ def assert_same(ref, real, config, specs, label):
         f"batch count {len(ref.batches)} vs {len(real.batches)} {ctx}\n"
         f"  tail ref {ref.batches[n:n + 3]}\n  tail real {real.batches[n:n + 3]}")
     assert ref.requests == real.requests, f"per-request results differ {ctx}"
-    if CHECK_FINISH_ORDER:
-        assert ref.finish_order == real.finish_order, f"finish order differs {ctx}"
+    # The order requests finish within a batch is the order their blocks are freed, which
+    # decides the LRU free queue's order (update_from_output frees in the batch's row order).
+    assert ref.finish_order == real.finish_order, f"finish order differs {ctx}"
+
+
+# Real differences between vLLM 0.22.1 and servesim that this test found, reported to the lead;
+# each has a strict-xfail reproducer in test_rules.py (it XPASSes, i.e. fails, once fixed).
+# While an entry is here, workloads on which the reference saw that rule fire are discarded
+# (the PP one instead runs the reference with empty batches dropped, as servesim does, since
+# nearly every PP workload has one). Delete an entry when its fix lands.
+KNOWN_DIVERGENCES = {
+    # Scheduler.schedule, PRIORITY victim: vLLM moves req_index back only when the victim was
+    # scheduled this step; a victim before the current request that was skipped (async
+    # max_tokens check, PP in flight) leaves the index one too far, so the request after the
+    # current one is passed over for the step. servesim moves back for any earlier victim.
+    VICTIM_SKIPPED_BEFORE_INDEX,
+    # AsyncScheduler._update_request_with_output caches blocks only for RUNNING requests, and
+    # allocate_slots caches only up to num_tokens (placeholders excluded): a token that comes
+    # back to a request preempted while it was in flight is never cached, so the resumed
+    # request cannot hit that block. servesim (pp = 1) applies outputs at schedule time and
+    # gives the resumed request that hit.
+    TOKEN_TO_PREEMPTED_NOT_CACHED,
+    # EngineCore.step_with_batch_queue appends empty SchedulerOutputs to the batch queue too;
+    # behind two or more batches in flight one holds a slot (PP with pp >= 3) until those
+    # return. servesim drops empty batches.
+    EMPTY_BATCH_TAKES_A_SLOT,
+}
 
 
 def run_both(reqs, cfg, *, fast_paths=(True, False), **kw):
+    """Reference vs servesim on one generated workload (inside a hypothesis test)."""
     config, specs = build(reqs, cfg, **kw)
+    tolerate = set(KNOWN_DIVERGENCES)
+    if not config.async_scheduling or config.pipeline_parallel_size > 1:
+        tolerate.discard(TOKEN_TO_PREEMPTED_NOT_CACHED)  # servesim's PP path caches as vLLM
+    queue_empty = EMPTY_BATCH_TAKES_A_SLOT not in tolerate
     try:
-        ref = simulate(config, specs)
+        ref = simulate(config, specs, queue_empty_batches=queue_empty)
     except Stall:
-        pytest.skip("the reference stalls (a workload vLLM cannot finish)")
+        reject()  # a workload vLLM itself cannot finish (none is known)
+    if ref.events & tolerate:
+        reject()
     for fast in fast_paths:
         real = run_servesim(config, specs, fast_path=fast)
         assert_same(ref, real, config, specs, f"fast_path={fast}")
     return ref
 
 
-# The issue-12 fast-path divergence, in this test's format (arrivals by step, max_model_len
-# 128): at step 25 the decode-group fast path scheduled {r6: 1, r11: 4, r8: 1} where the exact
-# loop scheduled {r6: 1, r11: 5, r8: 1}.
+# The issue-12 fast-path divergence, in this test's format (arrival slot k = just before step
+# k, max_model_len 128): at step 25 the decode-group fast path scheduled {r6: 1, r11: 4, r8: 1}
+# where the exact loop (and vLLM) schedule {r6: 1, r11: 5, r8: 1}.
 ISSUE12_REQS = [(0, 1, 1, 0, 0), (0, 1, 1, 0, 0), (0, 30, 20, 1, 3), (2, 1, 7, 3, 3),
                 (0, 30, 13, 2, 3), (1, 2, 20, 0, 0), (2, 2, 12, 0, 2), (1, 11, 17, 1, 3),
                 (7, 1, 3, 0, 3), (2, 1, 2, 1, 3), (3, 4, 1, 0, 2), (3, 37, 1, 2, 0)]
 ISSUE12_CFG = {"block_size": 4, "extra_blocks": 19, "chunked": True, "max_num_seqs": 4,
                "max_num_batched_tokens": 15, "threshold": 5, "policy": "fcfs",
                "caching": True, "max_model_len": 128}
-
-
-def _reserve_modes():
-    return (True,) if HAS_RESERVE_FULL_ISL else (False,)
+# Found by this test: the fast path freed two requests finishing in the same step in decode-
+# group calendar order, not row order, so later LRU evictions (and a prefix hit) differed.
+FREE_ORDER_REQS = [(0, 1, 1, 0, 0), (0, 1, 1, 0, 0), (0, 1, 1, 0, 0), (0, 1, 1, 0, 0),
+                   (0, 1, 3, 0, 0), (0, 36, 5, 2, 0), (0, 20, 6, 0, 0), (0, 1, 1, 0, 0),
+                   (0, 8, 2, 0, 0), (0, 1, 1, 0, 0), (0, 17, 1, 2, 0)]
+FREE_ORDER_CFG = {"block_size": 8, "extra_blocks": 3, "chunked": True, "max_num_seqs": 2,
+                  "max_num_batched_tokens": 10, "threshold": 5, "policy": "fcfs",
+                  "caching": True, "max_model_len": 128}
+# Found by this test: a request that preempts itself (PRIORITY victim = the current request)
+# leaves an empty step; servesim then slept until the next arrival (here: forever).
+SELF_PREEMPT_REQS = [(0, 1, 3, 0, 2), (1, 1, 3, 0, 1)]
+SELF_PREEMPT_CFG = {"block_size": 2, "extra_blocks": 0, "chunked": True, "max_num_seqs": 2,
+                    "max_num_batched_tokens": 2, "threshold": 0, "policy": "priority",
+                    "caching": True, "max_model_len": 128}
 
 
 @settings(max_examples=1000 * SCALE, **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)
+@example(FREE_ORDER_REQS, FREE_ORDER_CFG)
+@example(SELF_PREEMPT_REQS, SELF_PREEMPT_CFG)
 def test_sync_matches_vllm_reference(reqs, cfg):
     """Sync scheduling (``EngineCore.step``), fast path and exact loop, against the reference
-    with vLLM's default ``scheduler_reserve_full_isl=True`` (until servesim has the admission
-    check: with it off)."""
-    for reserve in _reserve_modes():
-        run_both(reqs, cfg, reserve_full_isl=reserve)
+    with vLLM's default ``scheduler_reserve_full_isl=True``."""
+    run_both(reqs, cfg)
 
 
-@pytest.mark.skipif(not HAS_RESERVE_FULL_ISL, reason="SchedulerParams.reserve_full_isl missing")
-@settings(max_examples=400 * SCALE, **COMMON)
+@settings(max_examples=300 * SCALE, **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
+@example(ISSUE12_REQS, ISSUE12_CFG)  # these three were found without the admission check
+@example(FREE_ORDER_REQS, FREE_ORDER_CFG)
+@example(SELF_PREEMPT_REQS, SELF_PREEMPT_CFG)
 def test_sync_without_full_isl_reservation(reqs, cfg):
     """``scheduler_reserve_full_isl=False``: admission checks only the first chunk."""
     run_both(reqs, cfg, reserve_full_isl=False)
 
 
-@pytest.mark.skipif(not HAS_ASYNC, reason="SchedulerParams.async_scheduling missing")
 @settings(max_examples=800 * SCALE, **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)
+@example(SELF_PREEMPT_REQS, SELF_PREEMPT_CFG)
 def test_async_matches_vllm_reference(reqs, cfg):
-    """Async scheduling (``AsyncScheduler`` + ``step_with_batch_queue``, batch queue 2 deep)."""
+    """Async scheduling (``AsyncScheduler`` + ``step_with_batch_queue``, batch queue 2 deep),
+    fast path and exact loop."""
     run_both(reqs, cfg, async_scheduling=True)
 
 
-@settings(max_examples=200 * SCALE, **COMMON)
+@settings(max_examples=300 * SCALE, **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=10), cfg_st, st.sampled_from([2, 3, 4]),
-       st.sampled_from([False, True]) if HAS_ASYNC else st.just(False))
+       st.booleans())
 def test_pipeline_parallel_matches_vllm_reference(reqs, cfg, pp, async_scheduling):
-    """Pipeline parallelism: the batch queue ``pp`` deep. Sync PP advances computed tokens at
-    schedule time and does not reschedule an in-flight decode; async PP reschedules decodes
-    every micro-batch through output placeholders. (servesim runs PP on the exact loop.)"""
-    for reserve in _reserve_modes():
-        run_both(reqs, cfg, fast_paths=(False,), reserve_full_isl=reserve, pp=pp,
-                 async_scheduling=async_scheduling)
+    """Pipeline parallelism: the batch queue ``pp`` deep, each batch 1 s of latency holding a
+    stage for 1/pp s. Sync PP advances computed tokens at schedule time and does not
+    reschedule an in-flight decode; async PP reschedules decodes every micro-batch through
+    output placeholders. (servesim runs PP on the exact loop only.)"""
+    run_both(reqs, cfg, fast_paths=(False,), pp=pp, async_scheduling=async_scheduling)
