@@ -271,10 +271,10 @@ def test_fcfs_preemption_recomputes_and_hits_own_blocks(fast_path):
     #      and C behind it waits too (head-of-line).
     # t=4: A's 2 blocks are free: B: 2 scheduled (2 hits); C: 1.  t=5: B: 1 → o4.
     ref, _ = check(cfg(num_gpu_blocks=4, block_size=2),
-                      [req("A", 0, 1, 4), req("B", 0, (7, 8), 4), req("C", 1.5, 1, 1)],
-                      [({"A": 1, "B": 2}, []), ({"A": 1, "B": 1}, []), ({"A": 1}, ["B"]),
-                       ({"A": 1}, []), ({"B": 2, "C": 1}, []), ({"B": 1}, [])],
-                      fast_path=fast_path, with_preempted=True)
+                   [req("A", 0, 1, 4), req("B", 0, (7, 8), 4), req("C", 1.5, 1, 1)],
+                   [({"A": 1, "B": 2}, []), ({"A": 1, "B": 1}, []), ({"A": 1}, ["B"]),
+                    ({"A": 1}, []), ({"B": 2, "C": 1}, []), ({"B": 1}, [])],
+                   fast_path=fast_path, with_preempted=True)
     assert ref.requests["B"].num_output_tokens == 4
     assert ref.requests["B"].num_preemptions == 1
 
