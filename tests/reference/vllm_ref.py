@@ -112,6 +112,7 @@ class Request:
         self.update_block_hashes()
         # Bookkeeping for the test (not vLLM state).
         self.finish_time: float | None = None
+        self.admitted_seq = -1
 
     def append_output_token_ids(self, token_id) -> None:
         self.output_token_ids.append(token_id)
@@ -555,6 +556,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         # Rules that fired and that tests may want to know about (not vLLM state).
         self.events: set[str] = set()
+        self._num_admitted = 0
 
     # -- queue management
     def add_request(self, request: Request) -> None:
@@ -659,6 +661,8 @@ class Scheduler:
 
                 request = self.waiting.pop_request()
                 self.running.append(request)
+                request.admitted_seq = self._num_admitted  # (test bookkeeping)
+                self._num_admitted += 1
                 num_scheduled_tokens[request.request_id] = num_new_tokens
                 token_budget -= num_new_tokens
                 request.status = RUNNING
@@ -723,6 +727,10 @@ class Scheduler:
                     stopped_running.append(request)
                 else:
                     stopped_preempted.append(request)
+        if len(finished) > 1 and finished != sorted(finished, key=lambda r: r.admitted_seq):
+            # Freed in this batch's row order, which is not the order of their last
+            # admissions (one was preempted and re-admitted while this batch was in flight).
+            self.events.add(FREED_NOT_IN_RUNNING_ORDER)
         if stopped_running:
             self.running = [r for r in self.running if r not in stopped_running]
         if stopped_preempted:
@@ -757,6 +765,7 @@ class Scheduler:
 VICTIM_SKIPPED_BEFORE_INDEX = "priority victim before req_index, not scheduled this step"
 TOKEN_TO_PREEMPTED_NOT_CACHED = "async: a token came back to a preempted request (not cached)"
 EMPTY_BATCH_TAKES_A_SLOT = "an empty batch took a batch-queue slot behind two or more"
+FREED_NOT_IN_RUNNING_ORDER = "requests stopping together freed in row order != admission order"
 
 
 class Stall(RuntimeError):

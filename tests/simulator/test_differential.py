@@ -31,6 +31,7 @@ from servesim_driver import run_servesim
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference.vllm_ref import (
     EMPTY_BATCH_TAKES_A_SLOT,
+    FREED_NOT_IN_RUNNING_ORDER,
     TOKEN_TO_PREEMPTED_NOT_CACHED,
     VICTIM_SKIPPED_BEFORE_INDEX,
     Config,
@@ -158,6 +159,10 @@ KNOWN_DIVERGENCES = {
     # behind two or more batches in flight one holds a slot (PP with pp >= 3) until those
     # return. servesim drops empty batches.
     EMPTY_BATCH_TAKES_A_SLOT,
+    # Scheduler.update_from_output frees requests that stop in one batch in that batch's row
+    # order. servesim sorts them by today's running order, which differs when one of them
+    # was preempted and re-admitted while the batch was in flight (PP).
+    FREED_NOT_IN_RUNNING_ORDER,
 }
 
 
@@ -236,9 +241,18 @@ def test_async_matches_vllm_reference(reqs, cfg):
     run_both(reqs, cfg, async_scheduling=True)
 
 
+# Found by the long profile: requests stopping in one batch freed in running order, not row
+# order, after a re-admission while the batch was in flight (async PP).
+FREE_ROWS_REQS = [(0, 9, 20, 0, 1, False), (0, 44, 3, 0, 0, False), (8, 1, 19, 0, 0, False)]
+FREE_ROWS_CFG = {"block_size": 2, "extra_blocks": 0, "max_num_seqs": 2,
+                 "max_num_batched_tokens": 2, "threshold": 0, "policy": "priority",
+                 "chunked": True, "caching": True, "max_model_len": 128}
+
+
 @settings(max_examples=300 * SCALE, **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=10), cfg_st, st.sampled_from([2, 3, 4]),
        st.booleans())
+@example(FREE_ROWS_REQS, FREE_ROWS_CFG, 4, True)
 def test_pipeline_parallel_matches_vllm_reference(reqs, cfg, pp, async_scheduling):
     """Pipeline parallelism: the batch queue ``pp`` deep, each batch 1 s of latency holding a
     stage for 1/pp s. Sync PP advances computed tokens at schedule time and does not
