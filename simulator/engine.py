@@ -202,7 +202,8 @@ class Replica:
         if done and self._inflight:  # drop them from batches still in flight (pp)
             gone = set(map(id, done))
             for out, _, _ in self._inflight:
-                out.scheduled = [row for row in out.scheduled if id(row[0]) not in gone]
+                if out is not None:
+                    out.scheduled = [row for row in out.scheduled if id(row[0]) not in gone]
 
     def _idle(self):
         """Sleep until the next request arrives."""
@@ -380,13 +381,18 @@ class Replica:
                     stage_free = start + latency / pp
                     inflight.append((out, start, start + latency))
                     self.busy_seconds += latency / pp
-                    continue
-                if out.preempted and not inflight:
+                    if len(inflight) < pp and inflight[0][2] > env.now:
+                        continue  # vLLM blocks only when full or the oldest batch is done
+                elif out.preempted and not inflight:
                     continue  # blocks were freed: schedule again at once
+                elif inflight:  # vLLM queues the empty batch too: it holds a slot until the
+                    inflight.append((None, env.now, env.now))  # batches ahead return
             if not inflight:
                 yield from self._idle()
                 continue
             out, start, done = inflight.popleft()
+            if out is None:
+                continue
             if done > env.now:
                 yield env.timeout(done - env.now)
             now = env.now

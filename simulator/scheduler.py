@@ -186,6 +186,7 @@ class Scheduler:
         self.record_schedules = record_schedules
         self.num_preemptions = 0
         self._run_seq = 0  # admission counter: running order as a sort key
+        self._finished_unreported = False  # finished since the last schedule()
         # Decode group (fast path) state.
         self._k = 0  # fast-step counter: members' counters are stale by (_k - d_mark)
         self._group: dict[Request, None] = {}
@@ -220,8 +221,14 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         self.waiting.add_request(req)
 
-    def has_requests(self) -> bool:
+    def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
+
+    def has_requests(self) -> bool:
+        """vLLM's ``has_requests``: unfinished requests, or finished ones the next
+        ``schedule()`` has yet to report (``finished_req_ids``) — that call may be empty, and
+        under the batch queue an empty batch still takes a slot."""
+        return bool(self.running) or len(self.waiting) > 0 or self._finished_unreported
 
     @property
     def num_running(self) -> int:
@@ -260,6 +267,8 @@ class Scheduler:
             req.stop_pending = None
             self.kv.free(req)
             done.append(req)
+        if done:
+            self._finished_unreported = True
         return done
 
     def output_tokens(self, req: Request) -> int:
@@ -497,13 +506,16 @@ class Scheduler:
                     victim = max(running, key=_priority_key)  # first of the tied, as vLLM
                     vi = running.index(victim)
                     running.pop(vi)
-                    if vi < i:  # already scheduled this step: give its tokens back
-                        for j, (r, m, _) in enumerate(scheduled):
-                            if r is victim:
-                                budget += m
-                                del scheduled[j]
-                                break
-                        i -= 1
+                    # Already scheduled this step: its tokens go back and vLLM steps its
+                    # index back. (An earlier victim that was skipped this step — nothing to
+                    # compute while its batch is in flight — leaves vLLM's index one too far:
+                    # the request after this one is passed over for the step, as here.)
+                    for j, (r, m, _) in enumerate(scheduled):
+                        if r is victim:
+                            budget += m
+                            del scheduled[j]
+                            i -= 1
+                            break
                 else:
                     victim = running.pop()
                 self._preempt(victim)
@@ -602,6 +614,7 @@ class Scheduler:
             waiting.end_step()
 
     def _build_shape(self, out: SchedulerOutput) -> None:
+        self._finished_unreported = False  # (every policy's schedule() ends here)
         nd = out.num_group
         ctx_sum = self._ctx_sum if nd else 0
         ctx_max = self._group_ctx_max() if nd else 0
@@ -758,11 +771,17 @@ class Scheduler:
         self._remove_finished(reqs, now)
         return reqs
 
-    def _remove_finished(self, finished: list[Request], now: float) -> None:
-        """Free finished requests' blocks in the batch's row order (running order), as vLLM's
-        ``update_from_output`` loop does: the order decides the LRU queue's order."""
-        if len(finished) > 1:
+    def _remove_finished(self, finished: list[Request], now: float,
+                         in_row_order: bool = False) -> None:
+        """Free finished requests' blocks in the batch's row order, as vLLM's
+        ``update_from_output`` loop does: the order decides the LRU queue's order. With one
+        batch in flight the rows are in running order (``run_seq``; the fast path's finish
+        calendar is not); ``in_row_order``: ``finished`` already is (several batches in
+        flight, where running order may have changed since the batch was scheduled)."""
+        if len(finished) > 1 and not in_row_order:
             finished.sort(key=_by_run_seq)
+        if finished:
+            self._finished_unreported = True
         running, partials = self.running, self._partials
         for req in finished:  # list.remove: identity scan in C, cheaper than a rebuild
             if req in partials:
@@ -819,7 +838,7 @@ class Scheduler:
                 req.status = status
                 finished.append(req)
         if finished:
-            self._remove_finished(finished, now)
+            self._remove_finished(finished, now, in_row_order=True)
         return finished
 
 

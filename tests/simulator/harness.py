@@ -71,7 +71,7 @@ class Harness:
     def run(self, max_steps=100000):
         """Run until idle; return the list of per-step {request_id: n} dicts."""
         steps = []
-        while self.sched.has_requests() and len(steps) < max_steps:
+        while self.sched.has_unfinished_requests() and len(steps) < max_steps:
             out = Harness.step(self)
             steps.append(out.as_dict())
         return steps

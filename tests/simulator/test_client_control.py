@@ -60,7 +60,7 @@ def test_timeout_aborts_a_request_mid_decode_and_frees_its_blocks(fast_path):
     assert 10 < rows["output_len"][i] < 1000  # it was decoding when it was aborted
     assert rows["finished_reason"][by_id["quick"]] == "length"
     # the engine aborted it: out of the queues, every block back (null block excluded)
-    assert not sched.has_requests()
+    assert not sched.has_unfinished_requests()
     assert kv.get_num_free_blocks() == 200 - 1
     kv.check_invariants()
 
@@ -86,7 +86,7 @@ def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_sc
     assert rows["output_len"][0] == 10
     assert rows["first_token_s"][0] == pytest.approx(0.1)
     assert rows["finish_s"][0] == pytest.approx(1.05)
-    assert not sched.has_requests() and kv.get_num_free_blocks() == 199
+    assert not sched.has_unfinished_requests() and kv.get_num_free_blocks() == 199
 
 
 def test_finish_requests_removes_waiting_and_running_requests():
@@ -104,7 +104,7 @@ def test_finish_requests_removes_waiting_and_running_requests():
     done = sched.finish_requests([a, b], RequestStatus.FINISHED_ABORTED)
     assert done == [a, b]
     assert a.status == b.status == RequestStatus.FINISHED_ABORTED
-    assert not sched.has_requests() and kv.get_num_free_blocks() == 99
+    assert not sched.has_unfinished_requests() and kv.get_num_free_blocks() == 99
     assert sched.finish_requests([a], RequestStatus.FINISHED_ABORTED) == []  # idempotent
     kv.check_invariants()
 

@@ -31,9 +31,7 @@ from servesim_driver import run_servesim
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference.vllm_ref import (
     EMPTY_BATCH_TAKES_A_SLOT,
-    FREED_NOT_IN_RUNNING_ORDER,
     TOKEN_TO_PREEMPTED_NOT_CACHED,
-    VICTIM_SKIPPED_BEFORE_INDEX,
     Config,
     RequestSpec,
     Stall,
@@ -144,25 +142,12 @@ def assert_same(ref, real, config, specs, label):
 # (the PP one instead runs the reference with empty batches dropped, as servesim does, since
 # nearly every PP workload has one). Delete an entry when its fix lands.
 KNOWN_DIVERGENCES = {
-    # Scheduler.schedule, PRIORITY victim: vLLM moves req_index back only when the victim was
-    # scheduled this step; a victim before the current request that was skipped (async
-    # max_tokens check, PP in flight) leaves the index one too far, so the request after the
-    # current one is passed over for the step. servesim moves back for any earlier victim.
-    VICTIM_SKIPPED_BEFORE_INDEX,
     # AsyncScheduler._update_request_with_output caches blocks only for RUNNING requests, and
     # allocate_slots caches only up to num_tokens (placeholders excluded): a token that comes
     # back to a request preempted while it was in flight is never cached, so the resumed
     # request cannot hit that block. servesim (pp = 1) applies outputs at schedule time and
     # gives the resumed request that hit.
     TOKEN_TO_PREEMPTED_NOT_CACHED,
-    # EngineCore.step_with_batch_queue appends empty SchedulerOutputs to the batch queue too;
-    # behind two or more batches in flight one holds a slot (PP with pp >= 3) until those
-    # return. servesim drops empty batches.
-    EMPTY_BATCH_TAKES_A_SLOT,
-    # Scheduler.update_from_output frees requests that stop in one batch in that batch's row
-    # order. servesim sorts them by today's running order, which differs when one of them
-    # was preempted and re-admitted while the batch was in flight (PP).
-    FREED_NOT_IN_RUNNING_ORDER,
 }
 
 

@@ -52,7 +52,7 @@ def test_max_loras_two_runs_at_most_two_adapters_and_the_third_when_a_slot_frees
     add(h, "a2", 32, 3, "a")  # behind c1, same adapter as a1: admitted (no head-of-line block)
     add(h, "d1", 32, 5, "d")
     steps = []
-    while h.sched.has_requests():
+    while h.sched.has_unfinished_requests():
         out = h.step()
         steps.append(out)
         assert len(adapters(out)) <= 2
@@ -81,7 +81,7 @@ def test_skipped_requests_count_as_waiting_and_keep_fcfs_order():
     assert set(out.as_dict()) == {"x"}
     assert h.sched.num_waiting == 3  # waiting + skipped_waiting, as vLLM's request counts
     order = []
-    while h.sched.has_requests():
+    while h.sched.has_unfinished_requests():
         for rid in h.step().as_dict():
             if rid not in order and rid != "x":
                 order.append(rid)
@@ -95,7 +95,7 @@ def test_priority_policy_compares_waiting_and_skipped_heads():
     r.priority = 0
     h.step()
     assert set(h.step().as_dict()) == {"x"}
-    while h.sched.has_requests():
+    while h.sched.has_unfinished_requests():
         h.step()
     assert h.reqs["y"].num_output_tokens == 2
 

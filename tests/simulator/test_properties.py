@@ -36,13 +36,13 @@ def simulate(reqs, cfg, *, fast_path, enable_caching=True):
                 fast_path=fast_path, enable_caching=enable_caching, chunked=cfg["chunked"])
     pending = sorted(enumerate(reqs), key=lambda x: (x[1][0], x[0]))
     steps, step = [], 0
-    while pending or h.sched.has_requests():
+    while pending or h.sched.has_unfinished_requests():
         while pending and pending[0][1][0] <= step:
             i, (_, p, m, fam, prio) = pending.pop(0)
             toks = [1000 * fam + j for j in range(p)] if fam else [10**6 + 1000 * i + j
                                                                     for j in range(p)]
             h.add(f"r{i}", p, m, token_ids=toks, priority=prio)
-        if h.sched.has_requests():
+        if h.sched.has_unfinished_requests():
             out = h.step()
             steps.append((out.as_dict(), [r.request_id for r in out.preempted]))
             h.kv.check_invariants()

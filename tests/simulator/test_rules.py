@@ -401,8 +401,6 @@ def test_reference_priority_victim_before_index_skips_the_next_request():
     assert trace(ref, with_time=True, with_preempted=True)[:4] == VICTIM_INDEX_TRACE
 
 
-@pytest.mark.xfail(strict=True, reason="servesim moves its index back for any earlier victim; "
-                   "vLLM only for one scheduled this step (so it skips Z for a step)")
 def test_priority_victim_before_index_skips_the_next_request():
     real = run_servesim(VICTIM_INDEX_CFG, VICTIM_INDEX_SPECS, fast_path=False)
     assert trace(real, with_time=True, with_preempted=True)[:4] == VICTIM_INDEX_TRACE
@@ -455,8 +453,6 @@ def test_reference_empty_batch_takes_a_batch_queue_slot():
     assert trace(ref, with_time=True)[:6] == EMPTY_SLOT_TRACE
 
 
-@pytest.mark.xfail(strict=True, reason="servesim drops empty batches: with pp >= 3 it schedules "
-                   "one batch more while an empty one would hold a slot in vLLM")
 def test_empty_batch_takes_a_batch_queue_slot():
     real = run_servesim(EMPTY_SLOT_CFG, EMPTY_SLOT_SPECS, fast_path=False)
     assert trace(real, with_time=True)[:6] == EMPTY_SLOT_TRACE
@@ -481,19 +477,16 @@ FREE_ROWS_CFG = cfg(num_gpu_blocks=25, block_size=2, max_num_seqs=2, max_num_bat
 def test_reference_requests_stopping_together_freed_in_row_order():
     """``Scheduler.update_from_output`` calls ``_free_request`` inside its loop over the
     returning batch's rows, so blocks reach the free queue in row order."""
-    ref = simulate(FREE_ROWS_CFG, FREE_ROWS_SPECS, queue_empty_batches=False)
+    ref = simulate(FREE_ROWS_CFG, FREE_ROWS_SPECS)
     assert [(b.time_scheduled, b.num_scheduled_tokens) for b in ref.batches
             if b.time_scheduled == 12.5] == [(12.5, {"r0": 1, "r2": 1})]
     assert ref.requests["r0"].finish_time == ref.requests["r2"].finish_time == 13.5
-    assert ref.requests["r0"].num_preemptions == 2
+    assert ref.requests["r0"].num_preemptions == 1
     assert ref.finish_order == ["r1", "r0", "r2"]
 
 
-@pytest.mark.xfail(strict=True, reason="servesim frees requests stopping in one batch in its "
-                   "running order (Scheduler._remove_finished sorts by run_seq), not the "
-                   "batch's row order")
 def test_requests_stopping_together_freed_in_row_order():
-    ref = simulate(FREE_ROWS_CFG, FREE_ROWS_SPECS, queue_empty_batches=False)
+    ref = simulate(FREE_ROWS_CFG, FREE_ROWS_SPECS)
     real = run_servesim(FREE_ROWS_CFG, FREE_ROWS_SPECS, fast_path=False)
     assert real.batches == ref.batches
     assert real.finish_order == ["r1", "r0", "r2"]

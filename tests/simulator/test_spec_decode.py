@@ -71,7 +71,7 @@ def test_alpha_one_emits_k_plus_one_tokens_per_step_and_finishes_in_25_decode_st
     r = h.add("r", 64, 100)
     outs = []
     steps = []
-    while h.sched.has_requests():
+    while h.sched.has_unfinished_requests():
         steps.append(h.step().as_dict())
         outs.append(r.num_output_tokens)
     assert steps[0] == {"r": 64}
