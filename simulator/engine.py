@@ -317,6 +317,8 @@ class Replica:
         returned = sched.batch_returned if getattr(sched, "spec", None) is not None else None
         while True:
             if len(inflight) < 2 and sched.has_requests():
+                seq = inflight[0][0].seq if inflight else -1  # the batch in flight, if any
+                sched.inflight_seq = sched.kv.inflight_seq = seq
                 out = sched.schedule()
                 if out.total_num_scheduled_tokens:
                     now = env.now
@@ -345,6 +347,7 @@ class Replica:
                 self._apply_aborts()
             if returned is not None:
                 returned(out)
+            sched.cache_returned(out, pending)
             if pending:
                 pending = sched.finish_pending(pending, now)
             record(out, now, dt)

@@ -235,6 +235,23 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         self.sliding_window: int | None = None
         self.admission_cap: int | None = None
+        # Async scheduling (one batch in flight, counters advanced at schedule time): the
+        # batch in flight; a request that sampled in it has one output vLLM does not know
+        # yet, which eager caching must not cover (vLLM caps it at ``request.num_tokens``).
+        self.inflight_seq = -1
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks within its first ``num_tokens`` tokens
+        (``SingleTypeKVCacheManager.cache_blocks``)."""
+        if not self.enable_caching:
+            return
+        bs = self.block_size
+        num_full = min(num_tokens, request.num_tokens) // bs
+        if num_full > request.num_cached_blocks:
+            hashes = request.ensure_block_hashes(num_full, bs)
+            self.block_pool.cache_full_blocks(request.blocks, hashes, request.num_cached_blocks,
+                                              num_full, request.num_shared_blocks(bs))
+            request.num_cached_blocks = num_full
 
     def set_sliding_window(self, window: int, max_num_batched_tokens: int) -> None:
         """Every layer attends over the last ``window`` tokens (Mistral-7B v0.1): vLLM's
@@ -388,7 +405,8 @@ class KVCacheManager:
         new_blocks = pool.get_new_blocks(n) if n > 0 else []
         blocks.extend(new_blocks)
         if self.enable_caching:
-            num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
+            known = request.num_tokens - (request.sched_seq == self.inflight_seq)
+            num_full = min(total_computed + num_new_tokens, known) // bs
             if num_full > request.num_cached_blocks:
                 hashes = request.ensure_block_hashes(num_full, bs)
                 pool.cache_full_blocks(blocks, hashes, request.num_cached_blocks, num_full,
@@ -448,8 +466,9 @@ class KVCacheManager:
             blocks.extend(new_blocks)
         if self.enable_caching:
             num_tokens_to_cache = num_computed + num_new_tokens
-            if num_tokens_to_cache > request.num_tokens:
-                num_tokens_to_cache = request.num_tokens
+            known = request.num_tokens - (request.sched_seq == self.inflight_seq)
+            if num_tokens_to_cache > known:  # only tokens vLLM knows (not those in flight)
+                num_tokens_to_cache = known
             num_full = num_tokens_to_cache // bs
             if num_full > request.num_cached_blocks:
                 hashes = request.ensure_block_hashes(num_full, bs)

@@ -89,6 +89,7 @@ class Request:
         "request_id",
         "root_hash",
         "run_seq",
+        "sched_seq",
         "send_time",
         "spec",
         "spec_inflight",
@@ -145,6 +146,7 @@ class Request:
         self.d_mark = -1
         self.d_computed = 0
         self.run_seq = 0  # position in the scheduler's running order (admission counter)
+        self.sched_seq = -2  # the last batch in which a row of it sampled (async caching)
 
     # -- prefix-cache content ------------------------------------------------------------------
     def num_shared_blocks(self, block_size: int) -> int:

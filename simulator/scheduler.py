@@ -83,6 +83,7 @@ class SchedulerOutput:
         "sampling",
         "scheduled",
         "scheduled_at",
+        "seq",
         "shape",
         "spec_decoding_stats",
         "total_num_scheduled_tokens",
@@ -102,6 +103,7 @@ class SchedulerOutput:
         self.advanced = False
         self.sampling: list[bool] | None = None
         self.scheduled_at: float | None = None  # engine time of the schedule() call
+        self.seq = -1  # schedule() call number (set by _build_shape)
         # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output)
         self.spec_decoding_stats = None
 
@@ -187,6 +189,15 @@ class Scheduler:
         self.num_preemptions = 0
         self._run_seq = 0  # admission counter: running order as a sort key
         self._finished_unreported = False  # finished since the last schedule()
+        # Async scheduling, one batch in flight (the engine sets ``inflight_seq`` before each
+        # schedule()): vLLM caches only tokens it knows, so decode blocks are cached a step
+        # later than with synchronous scheduling (cache-bucket shift 0 instead of 1), and a
+        # batch's requests not rescheduled behind it are cached when it returns.
+        self.inflight_seq = -1
+        self._seq = 0
+        self._last_fast_seq = -1
+        self._cache_shift = 0 if params.async_scheduling else 1
+        self._dissolved: tuple[int, list[Request]] | None = None
         # Decode group (fast path) state.
         self._k = 0  # fast-step counter: members' counters are stale by (_k - d_mark)
         self._group: dict[Request, None] = {}
@@ -313,7 +324,7 @@ class Scheduler:
         req.d_computed = c0
         self._group[req] = None
         self._alloc_buckets[(k - c0) % bs].add(req)
-        self._cache_buckets[(k - c0 - 1) % bs].add(req)
+        self._cache_buckets[(k - c0 - self._cache_shift) % bs].add(req)
         target, _ = self._target_outputs(req)
         fin = k + target - req.num_output_tokens - 1
         lst = self._finish_at.get(fin)
@@ -333,17 +344,21 @@ class Scheduler:
             req.num_output_tokens += j
             req.prev_token_time = self._prev_fast_end if j >= 2 else req.last_token_time
             req.last_token_time = self._last_fast_end
+            req.sched_seq = self._last_fast_seq
         bs = self.block_size
         self._alloc_buckets[(req.d_mark - req.d_computed) % bs].discard(req)
-        self._cache_buckets[(req.d_mark - req.d_computed - 1) % bs].discard(req)
+        self._cache_buckets[(req.d_mark - req.d_computed - self._cache_shift) % bs].discard(req)
         self._ctx_sum -= req.num_computed_tokens + 1
         del self._group[req]
         req.d_mark = -1
 
     def _dissolve_group(self) -> None:
         """Materialise every member (before an exact step)."""
-        for req in list(self._group):
+        members = list(self._group)
+        for req in members:
             self._sync(req)
+        if self.inflight_seq >= 0:  # they sampled in the batch in flight (cache_returned)
+            self._dissolved = (self._last_fast_seq, members)
         self._finish_at.clear()
         self._ctx_heap.clear()
         self._ctx_sum = 0
@@ -393,7 +408,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_scheduled_tokens
-        fast = self.fast_path and self._group and self._try_fast_running(out, budget)
+        # (Async with nothing in flight, members' last outputs are known: exact loop.)
+        fast = (self.fast_path and self._group and (self._cache_shift or self.inflight_seq >= 0)
+                and self._try_fast_running(out, budget))
         if fast:
             budget -= out.total_num_scheduled_tokens
         else:
@@ -463,8 +480,9 @@ class Scheduler:
         cache = self._cache_buckets[k % self.block_size]
         if cache and kv.enable_caching:
             bs = self.block_size
+            shift = self._cache_shift
             for r in cache:
-                num_full = (r.d_computed + k - r.d_mark + 1) // bs
+                num_full = (r.d_computed + k - r.d_mark + shift) // bs
                 if num_full > r.num_cached_blocks:
                     hashes = r.ensure_block_hashes(num_full, bs)
                     pool.cache_full_blocks(r.blocks, hashes, r.num_cached_blocks, num_full,
@@ -615,6 +633,8 @@ class Scheduler:
 
     def _build_shape(self, out: SchedulerOutput) -> None:
         self._finished_unreported = False  # (every policy's schedule() ends here)
+        out.seq = self._seq
+        self._seq += 1
         nd = out.num_group
         ctx_sum = self._ctx_sum if nd else 0
         ctx_max = self._group_ctx_max() if nd else 0
@@ -671,6 +691,7 @@ class Scheduler:
             self._ctx_sum += n_group
             self._prev_fast_end = self._last_fast_end
             self._last_fast_end = now
+            self._last_fast_seq = out.seq
             if n_group:
                 itl_weighted.append((dt, n_group))
             for req in self._finish_at.pop(k, ()):
@@ -694,6 +715,7 @@ class Scheduler:
             s = c + n - req.num_tokens  # > 0: drafts verified (speculative decoding)
             if s < 0:
                 continue  # mid-prefill chunk: nothing sampled
+            req.sched_seq = out.seq
             if req.stop_pending is not None:
                 continue  # async: the extra row of a request whose stop is in flight
             num_new = 1
@@ -759,6 +781,27 @@ class Scheduler:
             inf = req.spec_inflight
             if inf is not None and inf[0] is out:
                 req.spec_inflight = None
+
+    def cache_returned(self, out: SchedulerOutput, pending: list[Request]) -> None:
+        """Async scheduling: batch ``out`` returned. vLLM's ``AsyncScheduler`` caches each
+        RUNNING request's blocks up to ``num_computed_tokens − num_output_placeholders``;
+        that matters only for requests not scheduled again in the batch behind (for the
+        others it is what that batch's allocation cached): cache those up to their
+        computed tokens. Preempted requests are not cached."""
+        if not self.kv.enable_caching:
+            return
+        seq = out.seq
+        cands = [r for r, _, _ in out.scheduled]
+        cands += pending
+        d = self._dissolved
+        if d is not None and d[0] <= seq:
+            if d[0] == seq:
+                cands += d[1]
+            self._dissolved = None
+        cache = self.kv.cache_blocks
+        for r in cands:
+            if r.sched_seq == seq and r.status == RequestStatus.RUNNING and r.d_mark < 0:
+                cache(r, r.num_computed_tokens)
 
     def finish_pending(self, reqs: list[Request], now: float) -> list[Request]:
         """Async scheduling: the batch that produced these requests' last outputs returned

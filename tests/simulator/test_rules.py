@@ -425,8 +425,6 @@ def test_reference_token_to_a_preempted_request_is_not_cached():
     assert trace(simulate(INFLIGHT_CFG, INFLIGHT_SPECS), with_time=True) == INFLIGHT_TRACE
 
 
-@pytest.mark.xfail(strict=True, reason="servesim (async, pp = 1) applies outputs at schedule "
-                   "time and caches the block: the resumed B hits 2 tokens and schedules 1")
 def test_token_to_a_preempted_request_is_not_cached():
     real = run_servesim(INFLIGHT_CFG, INFLIGHT_SPECS, fast_path=False)
     assert trace(real, with_time=True) == INFLIGHT_TRACE
