@@ -29,7 +29,10 @@ class Recorder:
     bounded however long the run."""
 
     REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
-           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
+           # frontend (simulator/frontend.py) and engine-side times
+           "frontend_arrival_s", "tokenized_s", "queued_s", "engine_first_token_s",
+           "engine_finish_s", "first_token_iter_s", "finish_iter_s")
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
 
@@ -47,6 +50,11 @@ class Recorder:
         self.step = {k: array("d") for k in self.STEP}
         self.itl_explicit: list[float] = []
         self.itl_weighted: list[tuple[float, int]] = []
+        # With a frontend: the engine's own inter-token gaps ((value, count) pairs; the lists
+        # above then hold the client's) and the per-step hook (Frontend.on_step).
+        self.engine_itl = Distribution()
+        self.engine_itl_pairs: list[tuple[float, int]] = []
+        self.on_step: Callable | None = None
         self.parked = None  # the client's Parked queue (counted as waiting), if any
         self.refill: Callable[[], None] | None = None  # moves parked requests in
 
@@ -62,6 +70,13 @@ class Recorder:
         d["first_token_s"].append(r.first_token_time)
         d["finish_s"].append(r.finish_time)
         d["num_preemptions"].append(r.num_preemptions)
+        d["frontend_arrival_s"].append(r.arrival_time)
+        d["tokenized_s"].append(r.tokenized_time)
+        d["queued_s"].append(r.queued_time)
+        d["engine_first_token_s"].append(r.engine_first_token_time)
+        d["engine_finish_s"].append(r.engine_finish_time)
+        d["first_token_iter_s"].append(r.first_token_iter_time)
+        d["finish_iter_s"].append(r.finish_iter_time)
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -96,6 +111,10 @@ class Recorder:
             pairs = np.asarray(self.itl_weighted, dtype=float).reshape(-1, 2)
             self.itl.add(pairs[:, 0], pairs[:, 1], group=1)
             del self.itl_weighted[:]
+        if self.engine_itl_pairs:
+            pairs = np.asarray(self.engine_itl_pairs, dtype=float).reshape(-1, 2)
+            self.engine_itl.add(pairs[:, 0], pairs[:, 1])
+            del self.engine_itl_pairs[:]
 
     def flush_steps(self) -> None:
         import numpy as np
@@ -154,8 +173,12 @@ class Replica:
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
+        on_step, rid = rec.on_step, self.replica_id
+        itl_e, itl_w, eitl = rec.itl_explicit, rec.itl_weighted, rec.engine_itl_pairs
 
         def record(out, now: float, dt: float) -> None:
+            if on_step is not None:  # frontend: client-side token times (before any flush)
+                on_step(rid, out, now, itl_e, itl_w, eitl)
             if len(c_time) >= limit and rec.steps is not None:
                 rec.flush()
             parked = rec.parked
@@ -329,8 +352,11 @@ class Client:
                  replicas: list[Replica], recorder: Recorder, *, max_model_len: int,
                  num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
                  on_progress: Callable[[int], None] | None = None,
-                 park_after: int | None = None):
+                 park_after: int | None = None, frontend=None):
         self.env = env
+        # API servers between client and engines (simulator/frontend.py): a sent request
+        # reaches an engine through frontend.submit → self._admit.
+        self.frontend = frontend
         self.specs = iter(specs)
         self.replicas = replicas
         self.rec = recorder
@@ -393,10 +419,22 @@ class Client:
             self._end(req)
             return
         self.in_flight += 1
+        if self.frontend is not None:
+            self._live[req.index] = req
+            self.frontend.submit(req)
+            return
+        self._admit(req)
+
+    def _admit(self, req: Request) -> None:
+        """``req`` reaches the engine core(s): park it or route it to a replica."""
+        spec = req.spec
         parked = self.parked
         if parked is not None and (len(parked) or
                                    self.replicas[0].scheduler.num_waiting >= self.park_after):
-            parked.push(spec, env.now)
+            self._live.pop(req.index, None)
+            parked.push(spec, req.send_time)
+            if self.frontend is not None:
+                self.frontend.held.push(req)
             return
         self._live[req.index] = req
         if len(self.replicas) == 1:
@@ -414,6 +452,8 @@ class Client:
         while len(parked) and sched.num_waiting < self.park_after:
             spec, send = parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            if self.frontend is not None:
+                self.frontend.held.pop_into(req)
             self._live[req.index] = req
             replica.add_request(req)
 
@@ -447,6 +487,8 @@ class Client:
         while self.parked is not None and len(self.parked):
             spec, send = self.parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            if self.frontend is not None:
+                self.frontend.held.pop_into(req)
             self._live[req.index] = req
         for req in sorted(self._live.values(), key=lambda r: r.index):
             req.error = req.error or "still in flight when the simulation ended"

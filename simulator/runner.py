@@ -10,6 +10,7 @@ import numpy as np
 import simpy
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.frontend import Frontend, resolve_frontend
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
     LazyRequests,
@@ -30,14 +31,16 @@ PARK_AFTER_SEQS = 2
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                    progress: Callable[[int, int | None], None] | None = None,
-                   fast_path: bool = True, spool_dir: str | None = None) -> RunResult:
+                   fast_path: bool = True, spool_dir: str | None = None,
+                   cost_model=None) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
     ``progress(num_done, num_total)`` is called as requests end (``num_total`` may be None).
     Raises ``ConfigError`` / ``CapacityError`` (one-line, user-facing) before simulating when
     the config cannot run, as vLLM would fail at start-up. Runs of more than
     ``metrics.EXACT_REQUESTS`` requests spill per-request rows to ``spool_dir`` (default: a
-    temporary folder); ``RunResult.close()`` removes them.
+    temporary folder); ``RunResult.close()`` removes them. ``cost_model``: a prebuilt
+    ``StepCostModel`` for ``cfg`` (``simulate fit`` reuses one while varying its host terms).
     """
     from servesim.costmodels import build_cost_model, plan_memory
     from servesim.workloads import build_workload
@@ -62,7 +65,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     workload = build_workload(cfg.workload, block_size=block_size, max_model_len=mml)
     mem = plan_memory(cfg)
     num_gpu_blocks = mem.num_gpu_blocks
-    cost = build_cost_model(cfg)
+    cost = cost_model if cost_model is not None else build_cost_model(cfg)
     params = SchedulerParams(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
@@ -77,9 +80,16 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
     replicas: list[Replica] = []
     client_box: list[Client] = []
-
-    def on_finish(req):
-        client_box[0].on_finish(req)
+    fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
+    frontend = None
+    if fe_params is not None:  # API servers between client and engines (frontend.py)
+        frontend = Frontend(env, fe_params, n_api, lambda r: client_box[0]._admit(r),
+                            lambda r: client_box[0].on_finish(r), rec)
+        rec.on_step = frontend.on_step
+        on_finish = frontend.on_engine_finish
+    else:
+        def on_finish(req):
+            client_box[0].on_finish(req)
 
     for i in range(cfg.parallel.data_parallel_size):
         kv = kv_factory(num_gpu_blocks, block_size, cfg.cache.enable_prefix_caching, mml)
@@ -101,7 +111,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         client = Client(env, workload, replicas, rec, max_model_len=mml,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
-                        park_after=_park_after(cfg))
+                        park_after=_park_after(cfg), frontend=frontend)
         client_box.append(client)
         env.run()
         client.finalize()
@@ -135,11 +145,18 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         "gpu_busy_seconds": sum(r.busy_seconds for r in replicas),
         "wall_seconds": wall,
     }
+    fe_info: dict = {"enable": frontend is not None}
+    if frontend is not None:
+        counters["api_server_busy_seconds"] = sum(frontend.busy_seconds)
+        counters["tokenizer_batches"] = frontend.num_batches
+        fe_info.update(api_server_count=n_api, params=fe_params.as_dict(), provenance=fe_prov)
     meta = dict(workload.meta)
     return RunResult(config=cfg, requests=requests, itl_values=itl_values,
                      itl_counts=itl_counts, steps=steps, counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
-                     request_log=log if log.spilled else None, itl_stream=itl_stream)
+                     request_log=log if log.spilled else None, itl_stream=itl_stream,
+                     engine_itl=rec.engine_itl if frontend is not None else None,
+                     frontend=fe_info)
 
 
 def _park_after(cfg: ExperimentConfig) -> int | None:
