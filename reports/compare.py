@@ -10,6 +10,14 @@ Per metric: ``sim``, ``measured``, ``error = sim − measured``, ``abs_error = |
 latencies, per s for throughputs) and ``rel_error_pct = 100 · error / measured`` (signed:
 positive means the simulator over-predicts). A metric missing on either side is reported with
 ``status`` ``missing in sim`` / ``missing in measured``, never an error.
+
+Client side vs engine side (``side`` column): the vllm bench metrics are what the client saw
+(HTTP, tokenization, the API server, the engine, the SSE stream). When both files also carry
+engine-side latencies, as vLLM's Prometheus histograms measure them (servesim's
+``engine_metrics``; for a real server, the same dict or flat ``mean_engine_ttft_ms``-style
+keys taken from ``/metrics``), those are compared in their own rows (``side`` = ``engine``:
+``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``, ...), so a gap
+can be placed in front of or inside the engine.
 """
 
 from __future__ import annotations
@@ -28,8 +36,24 @@ COMPARE_METRICS = (
     "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
     "request_throughput", "output_throughput", "total_token_throughput",
 )
+ENGINE_COMPARE = tuple(f"{s}_engine_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el",
+                                                        "queue_time", "prefill_time")
+                       for s in ("mean", "median", "p99"))
 COMPARE_COLUMNS = ("request_rate", "sim_file", "measured_file", "metric", "sim", "measured",
-                   "error", "abs_error", "rel_error_pct", "status")
+                   "error", "abs_error", "rel_error_pct", "status", "side")
+
+
+def engine_value(d: dict, key: str) -> float:
+    """An engine-side value ``<stat>_engine_<metric>_ms`` of a result: a flat key, or
+    ``engine_metrics[metric]["<stat>_ms"]`` (servesim's result.json)."""
+    if key in d:
+        return _num(d[key])
+    stat, rest = key.split("_engine_", 1)
+    metric = rest[: -len("_ms")]
+    em = d.get("engine_metrics")
+    if isinstance(em, dict) and isinstance(em.get(metric), dict):
+        return _num(em[metric].get(f"{stat}_ms"))
+    return math.nan
 
 
 def load_result(path: str | Path) -> dict:
@@ -105,11 +129,20 @@ def compare_pair(sim: dict, meas: dict, metrics: tuple[str, ...] = COMPARE_METRI
     """One row per metric (see module docstring)."""
     rows = []
     rate = meas.get("request_rate", sim.get("request_rate"))
-    for k in metrics:
-        s, m = _num(sim.get(k)), _num(meas.get(k))
+    engine = [k for k in ENGINE_COMPARE if metrics is COMPARE_METRICS]
+    if not (any(math.isfinite(engine_value(sim, k)) for k in engine)
+            and any(math.isfinite(engine_value(meas, k)) for k in engine)):
+        engine = []  # engine side only when both files have it
+    for k in (*metrics, *engine):
+        side = "engine" if k in ENGINE_COMPARE else "client"
+        if side == "engine":
+            s, m = engine_value(sim, k), engine_value(meas, k)
+        else:
+            s, m = _num(sim.get(k)), _num(meas.get(k))
         row = {"request_rate": rate, "sim_file": sim.get("_file", ""),
-               "measured_file": meas.get("_file", ""), "metric": k, "sim": s, "measured": m,
-               "error": math.nan, "abs_error": math.nan, "rel_error_pct": math.nan}
+               "measured_file": meas.get("_file", ""), "side": side, "metric": k, "sim": s,
+               "measured": m, "error": math.nan, "abs_error": math.nan,
+               "rel_error_pct": math.nan}
         if math.isnan(s) and math.isnan(m):
             row["status"] = "missing in both"
         elif math.isnan(s):
@@ -175,6 +208,9 @@ def rich_table(rows: list[dict]):
     t = Table(title="simulated vs measured (error = sim − measured)")
     if multi:
         t.add_column("rate (req/s)", justify="right")
+    sides = len({r.get("side", "client") for r in rows}) > 1
+    if sides:
+        t.add_column("side")
     for c in ("metric", "sim", "measured", "abs error", "rel error %", "status"):
         t.add_column(c, justify="left" if c in ("metric", "status") else "right")
 
@@ -187,6 +223,9 @@ def rich_table(rows: list[dict]):
                  "yellow" if abs(rel) <= 25 else "red")
         cells = [r["metric"], f(r["sim"]), f(r["measured"]), f(r["abs_error"]),
                  f"[{style}]{f(rel, 1)}[/]" if style else f(rel, 1), r["status"]]
+        if sides:
+            cells.insert(0, "engine (vLLM Prometheus)" if r.get("side") == "engine"
+                         else "client (vllm bench)")
         if multi:
             cells.insert(0, str(r["request_rate"]))
         t.add_row(*cells)
