@@ -57,8 +57,8 @@ PRIOR_WEIGHT = 1e-3  # weight of the prior term relative to one run's mean squar
 PRIOR_DECADES = 1.0  # σ of the prior in decades (log10)
 BOUNDS_DECADES = 3.0  # parameters stay within 10^±3 of their prior
 DIFF_STEP = 0.03  # finite-difference step: 3% of each parameter
-F_SCALE = 0.02  # soft-L1 knee (residual units: relative error · sqrt(bin share))
-RESIDUAL_BINS = 10  # TTFT and TPOT bins per run
+_DEBUG = __import__("os").environ.get("SERVESIM_FIT_DEBUG") == "1"
+ROBUST_C = 0.01  # per-request relative error where the loss turns from quadratic to linear
 TABLE_METRICS = ("ttft", "tpot", "itl", "e2el")
 TABLE_STATS = ("mean", "p50", "p90", "p99")
 
@@ -87,6 +87,26 @@ class MeasuredRun:
     @property
     def name(self) -> str:
         return self.path.name if self.path.name != "result.json" else self.path.parent.name
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of requests in flight together with another one (0: the server served
+        them one at a time)."""
+        end = self.start + np.where(np.isfinite(self.e2el), self.e2el, self.ttft)
+        order = np.argsort(self.start, kind="stable")
+        s, e = self.start[order], end[order]
+        prev_end = np.maximum.accumulate(e)
+        alone = np.ones(len(s), dtype=bool)
+        alone[1:] &= s[1:] >= prev_end[:-1]
+        alone[:-1] &= e[:-1] <= s[1:]
+        return float(1.0 - alone.mean()) if len(s) else 0.0
+
+    @property
+    def one_to_one(self) -> bool:
+        """Compare TTFTs request by request: sends at the measured times and a server that
+        was mostly idle (then each TTFT is the request's own, not a matter of which engine
+        step it happened to land in)."""
+        return self.open_loop and self.overlap < 0.25
 
     @property
     def open_loop(self) -> bool:
@@ -286,57 +306,45 @@ class Replayer:
 # errors and the fit
 
 
-def _binned(diff_sim: np.ndarray, diff_meas: np.ndarray, order: np.ndarray,
-            bins: int) -> np.ndarray:
-    """Relative difference of the means, (sim − measured) / measured, in ``bins``
-    consecutive groups of ``order``, each weighted by sqrt(group size / n): groups of short
-    latencies (where the frontend's terms are a large share) weigh as much as long ones."""
-    n = len(order)
-    out = []
-    for g in np.array_split(order, bins):
-        if len(g):
-            m = float(np.mean(diff_meas[g]))
-            d = (float(np.mean(diff_sim[g])) - m) / m if m > 0 else 0.0
-            out.append((d if math.isfinite(d) else 10.0) * math.sqrt(len(g) / n))
-    return np.asarray(out)
+def _robust(e: np.ndarray) -> np.ndarray:
+    """Relative errors → residuals whose squares are the soft-L1 loss ``2c²(√(1 + (e/c)²) −
+    1)`` (c = :data:`ROBUST_C`): quadratic for small errors, linear for the step-sized jumps
+    of single requests, so a request that lands one engine step later does not steer the
+    fit. Not completed in the simulation: a miss of 100%."""
+    e = np.where(np.isfinite(e), e, 1.0)
+    c = ROBUST_C
+    return np.sign(e) * np.sqrt(2 * c * c * (np.sqrt(1 + (e / c) ** 2) - 1))
 
 
 def _run_residuals(run: MeasuredRun, sim: SimRun, parts: tuple[str, ...] = ("ttft", "tpot")
                    ) -> np.ndarray:
-    """Relative TTFT and TPOT differences of one run, in bins of requests (each run weighs
-    the same; a bin's weight is its share of the run).
+    """Per-request relative TTFT and TPOT errors of one run, robustified (:func:`_robust`),
+    each run weighing the same (÷ √n).
 
-    TTFT: an open-loop run (sends at the measured times) compares request by request,
-    binned by prompt length, so the bins keep how TTFT grows with the prompt; a closed loop
-    or burst compares the sorted TTFTs in quantile bins, since which request lands just after
-    an engine step starts is a matter of phase there. TPOT: sorted, in quantile bins. Bins
-    average out the step-sized jumps of single requests."""
-    n = len(run.ttft)
-    bins = max(1, min(RESIDUAL_BINS, n // 4))
-    s_ttft = float(np.nanmedian(run.ttft)) or 1.0
-    if run.open_loop:
-        r1 = _binned(sim.ttft / s_ttft, run.ttft / s_ttft,
-                     np.argsort(run.input_lens, kind="stable"), bins)
-    else:
-        keep = np.ones(n, dtype=bool)
-        mc = run.max_concurrency
-        if mc and n > 2 * mc:  # a closed loop's first wave is a burst: its TTFTs are set by
-            # how the engine splits it into steps (a step function of every parameter)
-            keep[np.argsort(run.start, kind="stable")[:mc]] = False
-        a = np.sort(np.where(np.isfinite(sim.ttft[keep]), sim.ttft[keep], np.inf))
-        b = np.sort(run.ttft[keep])
-        r1 = _binned(a / s_ttft, b / s_ttft, np.arange(len(b)),
-                     max(1, min(RESIDUAL_BINS, len(b) // 4)))
+    TTFT: a lightly loaded open-loop run compares request by request (TTFT against its own
+    prompt length: the tokenization and fixed terms); a busy run compares its sorted TTFTs
+    (which request lands just after an engine step starts is a matter of phase there, the
+    distribution is not), a closed loop without its first wave (a burst whose TTFTs are set by
+    how the engine splits it into steps). TPOT: sorted against sorted."""
+    out = []
+    if "ttft" in parts:
+        if run.one_to_one:
+            e = sim.ttft / run.ttft - 1.0
+        else:
+            n = len(run.ttft)
+            keep = np.ones(n, dtype=bool)
+            mc = run.max_concurrency
+            if mc and n > 2 * mc:
+                keep[np.argsort(run.start, kind="stable")[:mc]] = False
+            a = np.sort(np.where(np.isfinite(sim.ttft[keep]), sim.ttft[keep], np.inf))
+            e = a / np.sort(run.ttft[keep]) - 1.0
+        out.append(_robust(e) / math.sqrt(len(e)))
     ok = np.isfinite(run.tpot)
-    if not ok.any():
-        return r1 if "ttft" in parts else np.zeros(0)
-    tp = run.tpot[ok]
-    s_tpot = float(np.median(tp)) or 1.0
-    a = np.sort(np.where(np.isfinite(sim.tpot[ok]), sim.tpot[ok], np.inf))
-    r2 = _binned(a / s_tpot, np.sort(tp) / s_tpot, np.arange(len(tp)),
-                 max(1, min(RESIDUAL_BINS, len(tp) // 4)))
-    return np.concatenate([r1 if "ttft" in parts else np.zeros(0),
-                           r2 if "tpot" in parts else np.zeros(0)])
+    if "tpot" in parts and ok.any():
+        a = np.sort(np.where(np.isfinite(sim.tpot[ok]), sim.tpot[ok], np.inf))
+        e = a / np.sort(run.tpot[ok]) - 1.0
+        out.append(_robust(e) / math.sqrt(len(e)))
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def _stat(x: np.ndarray, s: str, counts: np.ndarray | None = None) -> float:
@@ -462,17 +470,30 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
             th = to_theta(z)
             return np.concatenate([data_of(th, parts), PRIOR_WEIGHT * logx(th) / sigma])
 
-        f2 = F_SCALE ** 2
-
         def cost(z, parts=("ttft", "tpot")):
-            r = residuals(z, parts)
-            data, prior_r = r[:-len(names)], r[-len(names):]
-            q = (data / F_SCALE) ** 2  # soft-L1: quadratic near 0, linear for big misses
-            return float(np.sum(f2 * 2.0 * (np.sqrt(1.0 + q) - 1.0)) + np.sum(prior_r ** 2))
+            return float(np.sum(residuals(z, parts) ** 2))
 
         r0 = residuals(z0)
-        z, best = _search(cost, residuals, z0, lo, hi, max_evals, coord_names)
-        fitted = to_theta(z)
+        z, best = _search(cost, residuals, z0, lo, hi, int(max_evals * 0.75), coord_names)
+        # polish in plain coordinates (log θ/θ_prior each): the frontend's terms one by one
+        x_lo = np.full(len(names), -BOUNDS_DECADES * math.log(10))
+        x_hi = -x_lo
+
+        def theta_x(x):
+            return {**prior, **{n: prior[n] * math.exp(float(v)) for n, v in zip(names, x)}}
+
+        def residuals_x(x, parts=("ttft", "tpot")):
+            th = theta_x(x)
+            return np.concatenate([data_of(th, parts), PRIOR_WEIGHT * logx(th) / sigma])
+
+        def cost_x(x, parts=("ttft", "tpot")):
+            return float(np.sum(residuals_x(x, parts) ** 2))
+
+        x = logx(to_theta(z))
+        used = [evals[0]]
+        fe_idx = [j for j, nm in enumerate(names) if nm not in ("per_step_s", "per_request_s")]
+        x = _polish(cost_x, residuals_x, x, x_lo, x_hi, used, max_evals, fe_idx)
+        fitted = theta_x(x)
         # identification: the data term's curvature along each parameter (central
         # differences of ±30% of it) against the prior term's
         h = 10 * DIFF_STEP
@@ -496,7 +517,7 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
             rel_sd[n] = float(math.exp(math.sqrt(2 * floor / c)) - 1) if c > 0 else math.inf
         n_prior = len(names)
         ssr = f0
-        sol_message = f"search: {evals[0]} simulations, cost {best:.4g}"
+        sol_message = f"search: {evals[0]} simulations, cost {cost_x(x):.4g}"
         before = rep_all.simulate(prior)
         after = rep_all.simulate(fitted)
         return FitResult(names=names, prior=prior, fitted=fitted, fit_runs=runs,
@@ -611,8 +632,7 @@ def _search(cost, residuals, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             return residuals(z, parts)
 
         sol = least_squares(r, x[idx], bounds=(lo[idx], hi[idx]), method="trf",
-                            diff_step=step, loss="soft_l1", f_scale=F_SCALE, max_nfev=nfev,
-                            xtol=1e-4, ftol=1e-10, gtol=1e-10)
+                            diff_step=step, max_nfev=nfev, xtol=1e-4, ftol=1e-10, gtol=1e-10)
         n[0] += sol.nfev + sol.njev * len(idx)
         z = x.copy()
         z[idx] = sol.x
@@ -641,52 +661,86 @@ def _search(cost, residuals, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
         if len(idx) > 1:  # correlated pairs (per-step vs per-request cost at batch B)
             newton(idx, parts, 0.1, 8)
     jac: list = []
-    x = _wide_newton(cost, residuals, x, lo, hi, n, max_evals - 7 * len(x), jac)
-    # Valleys: parameters that trade off (tokenization per token against the IPC hop) leave a
-    # long flat floor on which the step-sized jumps of other runs make local minima. Jump
-    # along the floor's directions (the Jacobian's weakest) and descend again from the best.
+    # by groups (host terms, then the frontend's): a host term moved by a few % shifts every
+    # engine step, which would swamp the frontend's finer trade-offs in one joint step
+    fe = [j for j, c in enumerate(coords) if c not in ("per_step_s", "per_request_s")]
+    host = [j for j, c in enumerate(coords) if c in ("per_step_s", "per_request_s")]
+    for idx in (host, fe):
+        if idx:
+            x = _wide_newton(cost, residuals, x, lo, hi, n, max_evals - 7 * len(x), jac,
+                             idx=idx)
+    return x, cost(x)
+
+
+def _polish(cost, residuals, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: list,
+            max_evals: int, fe: list[int]) -> np.ndarray:
+    """Wide Gauss–Newton on the frontend's terms one by one (the host's are set by every
+    step and settled by then); then jumps along the weakest directions of the last Jacobian
+    (the floor of a valley where terms trade off, on which other runs' step-sized jumps leave
+    local minima) and descent again from the best; a last ±0.05-decade sweep."""
+    jac: list = []
+    if fe:
+        x = _wide_newton(cost, residuals, x, lo, hi, n, max_evals - 7 * len(x), jac, idx=fe)
     if jac and n[0] + 16 < max_evals - 7 * len(x):
-        w, v = np.linalg.eigh(jac[-1].T @ jac[-1])
+        Jf = jac[-1][:, fe]
+        _, vf = np.linalg.eigh(Jf.T @ Jf)
         best, start = cost(x), x
         n[0] += 1
-        for k in range(min(2, len(x))):
+        for k in range(min(2, len(fe))):
+            v = np.zeros(len(x))
+            v[fe] = vf[:, k]
             for step in (-0.6, -0.3, 0.3, 0.6):
-                y = np.clip(start + step * v[:, k], lo, hi)
+                y = np.clip(start + step * v, lo, hi)
                 c = cost(y)
                 n[0] += 1
                 if c < best:
                     x, best = y, c
         if x is not start:
             x = _wide_newton(cost, residuals, x, lo, hi, n, max_evals - 7 * len(x), jac,
-                             radii=WIDE_RADII[-4:])
-    sweep(list(range(len(x))), 0.05, 7, ("ttft", "tpot"))
-    return x, cost(x)
+                             radii=WIDE_RADII[-4:], idx=fe)
+    ln10 = math.log(10)
+    best = cost(x)
+    for j in range(len(x)):
+        for g in x[j] + np.linspace(-0.05, 0.05, 7) * ln10:
+            if n[0] >= max_evals:
+                return x
+            y = x.copy()
+            y[j] = float(np.clip(g, lo[j], hi[j]))
+            c = cost(y)
+            n[0] += 1
+            if c < best:
+                x, best = y, c
+    return x
 
 
 def _wide_newton(cost, residuals, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: list,
                  max_evals: int, jac: list | None = None,
-                 radii: tuple[float, ...] | None = None) -> np.ndarray:
+                 radii: tuple[float, ...] | None = None,
+                 idx: list[int] | None = None) -> np.ndarray:
     """Gauss–Newton with a wide Jacobian: central differences over ±``radius`` (log units,
     30% down to 3%) average the step-sized jumps out and keep the trend, including the
     valleys where parameters trade off (e.g. tokenization per token against the IPC hop).
     Each step (Levenberg-damped, full or half) is kept only when it lowers ``cost``."""
+    idx = list(range(len(x))) if idx is None else list(idx)
     best = cost(x)
     n[0] += 1
     for radius in radii or WIDE_RADII:
-        if n[0] + 2 * len(x) + 3 > max_evals:
+        if n[0] + 2 * len(idx) + 3 > max_evals:
             break
         r0 = residuals(x)
-        J = np.empty((len(r0), len(x)))
-        for j in range(len(x)):
+        J = np.zeros((len(r0), len(x)))
+        for j in idx:
             e = np.zeros(len(x))
             e[j] = radius
             J[:, j] = (residuals(np.clip(x + e, lo, hi)) - residuals(np.clip(x - e, lo, hi))) \
                 / (2 * radius)
-        n[0] += 1 + 2 * len(x)
+        n[0] += 1 + 2 * len(idx)
         if jac is not None:
             jac.append(J)
-        A = J.T @ J
+        A = J.T @ J + np.diag([0.0 if j in idx else 1e12 for j in range(len(x))])
         g = J.T @ r0
+        if _DEBUG:
+            print("wide", radius, best, np.round(x, 3), np.round(np.linalg.svd(J, compute_uv=False), 5))
         for lam in (1e-3, 1e-1):
             try:
                 delta = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
@@ -698,6 +752,8 @@ def _wide_newton(cost, residuals, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                 y = np.clip(x + frac * delta, lo, hi)
                 c = cost(y)
                 n[0] += 1
+                if _DEBUG:
+                    print("  try", lam, frac, c, np.round(delta, 3))
                 if c < best:
                     x, best, improved = y, c, True
                     break
