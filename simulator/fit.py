@@ -782,7 +782,7 @@ def calibration_doc(res: FitResult, config: str | Path, gpu: str,
     fe = dict(doc.get("frontend") or {})
     host = dict(doc.get("host") or {})
     for n, where in PARAMS:
-        if n in res.fitted:
+        if n in res.names:  # fitted ones (a --fix'ed parameter keeps its source)
             (fe if where == "frontend" else host)[n] = float(f"{res.fitted[n]:.6g}")
     doc["frontend"] = fe
     doc["host"] = host
