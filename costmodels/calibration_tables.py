@@ -102,6 +102,7 @@ class Calibration:
         self.host: dict = {}
         self.frontend: dict = {}  # API-server costs (simulator/frontend.py), like ``host``
         self.frontend_source = ""
+        self.scales: dict = {}  # op family -> time factor (simulate fit --scales)
         for p, d in zip(paths, docs):
             self._add(p, d)
 
@@ -135,6 +136,12 @@ class Calibration:
         if not self.host and doc.get("host"):
             self.host = dict(doc["host"])
             self.host_source = path.name
+        if not self.scales and doc.get("scales"):
+            sc = doc["scales"]
+            if not isinstance(sc, dict) or not all(
+                    isinstance(v, (int, float)) and v > 0 for v in sc.values()):
+                raise ConfigError(f"{where}: scales: expected op family: positive factor")
+            self.scales = {str(k): float(v) for k, v in sc.items()}
         if not self.frontend and doc.get("frontend"):
             if not isinstance(doc["frontend"], dict):
                 raise ConfigError(f"{where}: frontend: expected a mapping of parameters")

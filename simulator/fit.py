@@ -3,27 +3,41 @@
 Inputs: an experiment config (model, hardware, parallelism, engine settings of the measured
 server) and one or more ``vllm bench serve --save-result --save-detailed`` files. Each file is
 replayed request for request (its ``input_lens``, ``output_lens`` and ``start_times``; a run
-with ``--max-concurrency`` and ``--request-rate inf`` as the same closed loop), the simulated
-per-request TTFT and TPOT are compared with the measured ones (matched by request index), and
-``scipy.optimize.least_squares`` minimises
+with ``--max-concurrency`` and ``--request-rate inf`` as the same closed loop), and the
+simulated per-request TTFT and TPOT are compared with the measured ones:
 
-    Σ_runs Σ_requests [(ttft_sim − ttft_meas)² / ttft_scale² + (tpot_sim − tpot_meas)² /
-                       tpot_scale²] / n_run  +  w² · Σ_params (log θ − log θ_prior)² / σ²
+- a lightly loaded open-loop run (requests rarely overlap) request by request, matched by
+  index, so each TTFT meets its own prompt length (tokenization per token, fixed terms);
+- a busy run or a closed loop as distributions (sorted against sorted; a closed loop without
+  its first wave): which request lands just after an engine step starts is a matter of phase;
+- TPOT as distributions.
 
-over the log of the parameters (:data:`PARAMS`): the frontend's ``request_s``,
-``tokenize_per_token_s``, ``ipc_s``, ``detokenize_per_token_s`` and the engine host's
-``per_step_s``, ``per_request_s`` (``costmodels.step.HostOverhead``); optionally one scale per
-op family (``--scales``). Each run weighs the same; the scales are the run's median measured
-TTFT / TPOT. The weak prior term (``PRIOR_WEIGHT``, σ = one decade) only pins parameters the
-runs cannot see (for example ``request_s`` vs ``ipc_s`` when the API server never queues):
-the report flags those as prior-dominated.
+Each per-request relative error goes through a soft-L1 loss (:func:`_robust`: quadratic up to
+~1%, linear beyond, so a request that lands one engine step later does not steer the fit),
+each run weighs the same, and a weak prior term (``PRIOR_WEIGHT``, σ = one decade, in
+log θ) pins what the runs cannot see. The parameters (:data:`PARAMS`): the frontend's
+``request_s``, ``tokenize_per_token_s``, ``ipc_s``, ``detokenize_per_token_s`` and the engine
+host's ``per_step_s``, ``per_request_s`` (``costmodels.step.HostOverhead``); ``--fix`` keeps
+some at their prior; ``--scales gemm,attention,...`` adds one time factor per op family
+(``StepCostModel.set_scales``; written as ``scales:``), fitted with the host terms.
+
+Search (simulated latencies are step functions of the parameters: staircases with a downhill
+trend, valleys where parameters trade off): staged coordinate sweeps over log grids
+(:func:`_search`), then a wide-difference Gauss–Newton polish in plain coordinates with jumps
+along the valley floor (:func:`_polish`). The report flags each parameter the runs do not
+determine (data curvature below 100× the prior's) as prior-dominated.
+
+Which runs determine what (the README's recipe): a lightly loaded run with a wide range of
+prompt lengths (tokenization per token, the fixed terms), a ``--request-rate inf`` burst of
+tiny requests (the API server's request work, serialised on its event loop), a busy open-loop
+stream with long outputs (output work per token; per-request host cost at large batches).
 
 Held-out discipline: ``--holdout FRACTION`` (or ``--holdout-file``) keeps runs out of the
 fit and reports the error on them before and after.
 
-Output (``-o FILE``): a calibration file with ``frontend:``, ``host:`` (and ``scales:``), the
-fit's provenance under ``fit:`` (files, date, residual error before and after, held-out error)
-and ``layer_over: auto`` (kernel tables come from what ``hardware.calibration: auto`` selects),
+Output (``-o FILE``): a calibration file with ``frontend:``, ``host:`` (``scales:``), the fit's
+provenance under ``fit:`` (files, date, residual error before and after, held-out error) and
+``layer_over: auto`` (kernel tables come from what ``hardware.calibration: auto`` selects),
 merged into FILE when it exists (its tables kept). Use it with ``hardware.calibration: FILE``
 or put it in the user calibration directory as ``<gpu>.yaml``.
 """
@@ -43,7 +57,7 @@ from typing import Any
 import numpy as np
 from servesim.simulator.errors import ConfigError, ServesimError
 
-# (name, where, prior σ in decades): fitted parameters, in report order
+# (name, where): fitted parameters, in report order
 PARAMS = (
     ("request_s", "frontend"),
     ("tokenize_per_token_s", "frontend"),
@@ -57,7 +71,6 @@ PRIOR_WEIGHT = 1e-3  # weight of the prior term relative to one run's mean squar
 PRIOR_DECADES = 1.0  # σ of the prior in decades (log10)
 BOUNDS_DECADES = 3.0  # parameters stay within 10^±3 of their prior
 DIFF_STEP = 0.03  # finite-difference step: 3% of each parameter
-_DEBUG = __import__("os").environ.get("SERVESIM_FIT_DEBUG") == "1"
 ROBUST_C = 0.01  # per-request relative error where the loss turns from quadratic to linear
 TABLE_METRICS = ("ttft", "tpot", "itl", "e2el")
 TABLE_STATS = ("mean", "p50", "p90", "p99")
@@ -474,7 +487,7 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
             return float(np.sum(residuals(z, parts) ** 2))
 
         r0 = residuals(z0)
-        z, best = _search(cost, residuals, z0, lo, hi, int(max_evals * 0.75), coord_names)
+        z, _ = _search(cost, residuals, z0, lo, hi, int(max_evals * 0.75), coord_names)
         # polish in plain coordinates (log θ/θ_prior each): the frontend's terms one by one
         x_lo = np.full(len(names), -BOUNDS_DECADES * math.log(10))
         x_hi = -x_lo
@@ -491,7 +504,8 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
 
         x = logx(to_theta(z))
         used = [evals[0]]
-        fe_idx = [j for j, nm in enumerate(names) if nm not in ("per_step_s", "per_request_s")]
+        fe_idx = [j for j, nm in enumerate(names) if nm in dict(PARAMS)
+                  and dict(PARAMS)[nm] == "frontend"]
         x = _polish(cost_x, residuals_x, x, x_lo, x_hi, used, max_evals, fe_idx)
         fitted = theta_x(x)
         # identification: the data term's curvature along each parameter (central
@@ -568,11 +582,7 @@ def _coordinates(prior: dict, names: list[str]):
 # then all together. Host terms first, on TPOT alone (every engine step carries them); then
 # what a lightly loaded run sees (the frontend's total delay, tokenization per prompt token);
 # then how the total splits (request work vs IPC vs output work: seen through queueing).
-GLOBAL = "stages"
-WIDE_RADII = (0.3, 0.2, 0.12, 0.08, 0.05, 0.03)
-GLOBAL_DECADES = 1.5
-DE_POPSIZE = 5
-DE_MAXITER = 12
+WIDE_RADII = (0.3, 0.2, 0.12, 0.08, 0.05, 0.03)  # wide Gauss–Newton radii (log units)
 STAGES = (
     (("per_step_s", "per_request_s"), ("tpot",)),
     (("frontend_total", "tokenize_per_token_s", "ipc_s", "request_s",
@@ -591,8 +601,8 @@ def _search(cost, residuals, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     finite differences see only the steps. Stages (:data:`STAGES`): each group of
     coordinates is swept over log grids (±1 decade in 17 points, then ±0.3 decade in 9,
     repeated while they improve) on the residuals that see it; then all coordinates at once
-    by Gauss–Newton (``least_squares``, finite differences over ±10%, soft-L1 loss), which
-    follows valleys where parameters trade off, and a last narrow sweep (±0.05 decade)."""
+    pairs in a group by Gauss–Newton (``least_squares``, finite differences over ±10%), and
+    the host and frontend groups by :func:`_wide_newton`."""
     from scipy.optimize import least_squares
 
     ln10 = math.log(10)
@@ -640,17 +650,9 @@ def _search(cost, residuals, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             x = z
         n[0] += 2
 
-    if GLOBAL == "de":
-        from scipy.optimize import differential_evolution
-        span = GLOBAL_DECADES * ln10
-        b = [(max(lo[j], x0[j] - span), min(hi[j], x0[j] + span)) for j in range(len(x0))]
-        sol = differential_evolution(cost, b, popsize=DE_POPSIZE, maxiter=DE_MAXITER,
-                                     init="sobol", seed=0, polish=False, tol=0.0,
-                                     mutation=(0.5, 1.0), recombination=0.7, x0=x0,
-                                     updating="immediate")
-        n[0] += sol.nfev
-        x = np.asarray(sol.x, dtype=float)
-    for group, parts in (STAGES if GLOBAL != "de" else ()):
+    for group, parts in STAGES:
+        if "per_step_s" in group:  # engine-side: the op family scales join the host terms
+            group = (*group, *(c for c in coords if c.startswith("scale_")))
         idx = [coords.index(c) for c in group if c in coords]
         if not idx:
             continue
@@ -663,8 +665,9 @@ def _search(cost, residuals, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     jac: list = []
     # by groups (host terms, then the frontend's): a host term moved by a few % shifts every
     # engine step, which would swamp the frontend's finer trade-offs in one joint step
-    fe = [j for j, c in enumerate(coords) if c not in ("per_step_s", "per_request_s")]
-    host = [j for j, c in enumerate(coords) if c in ("per_step_s", "per_request_s")]
+    engine = ("per_step_s", "per_request_s")
+    fe = [j for j, c in enumerate(coords) if c not in engine and not c.startswith("scale_")]
+    host = [j for j, c in enumerate(coords) if c in engine or c.startswith("scale_")]
     for idx in (host, fe):
         if idx:
             x = _wide_newton(cost, residuals, x, lo, hi, n, max_evals - 7 * len(x), jac,
@@ -739,8 +742,6 @@ def _wide_newton(cost, residuals, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             jac.append(J)
         A = J.T @ J + np.diag([0.0 if j in idx else 1e12 for j in range(len(x))])
         g = J.T @ r0
-        if _DEBUG:
-            print("wide", radius, best, np.round(x, 3), np.round(np.linalg.svd(J, compute_uv=False), 5))
         for lam in (1e-3, 1e-1):
             try:
                 delta = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), -g)
@@ -752,8 +753,6 @@ def _wide_newton(cost, residuals, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                 y = np.clip(x + frac * delta, lo, hi)
                 c = cost(y)
                 n[0] += 1
-                if _DEBUG:
-                    print("  try", lam, frac, c, np.round(delta, 3))
                 if c < best:
                     x, best, improved = y, c, True
                     break

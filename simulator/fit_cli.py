@@ -25,16 +25,17 @@ def _pct(v: float) -> str:
 
 
 def fit_command(
-    config: Path = typer.Argument(..., help="Experiment config of the measured deployment "
-                                  "(model, hardware, parallel, cache, scheduler)"),
+    config: Path = typer.Argument(  # noqa: B008
+        ..., help="Experiment config of the measured deployment (model, hardware, parallel, "
+                  "cache, scheduler)"),
     measured: list[Path] = typer.Argument(  # noqa: B008
         ..., help="`vllm bench serve --save-result --save-detailed` JSON files (or run "
                   "folders with a result.json)"),
-    output: Path | None = typer.Option(
+    output: Path | None = typer.Option(  # noqa: B008
         None, "-o", "--output", help="Write the fitted parameters to this calibration file "
         "(merged into it when it exists); use it with hardware.calibration: FILE, or name it "
         "<calibration dir>/<gpu>.yaml"),
-    overrides: list[str] | None = typer.Option(
+    overrides: list[str] | None = typer.Option(  # noqa: B008
         None, "--set", help="Override a config key: section.key=value (repeatable)"),
     holdout: float = typer.Option(
         0.0, "--holdout", help="Fraction of the measured files kept out of the fit (seeded) "
@@ -45,9 +46,12 @@ def fit_command(
         0, "--prefix-len", min=0, help="Tokens every prompt shares with the others "
         "(vllm bench --random-prefix-len / a shared system prompt): replayed as prefix-cache "
         "hits"),
-    fix: list[str] | None = typer.Option(
+    fix: list[str] | None = typer.Option(  # noqa: B008
         None, "--fix", help="Keep a parameter at its prior (repeatable): request_s, "
         "tokenize_per_token_s, ipc_s, detokenize_per_token_s, per_step_s, per_request_s"),
+    scales: str = typer.Option(
+        "", "--scales", help="Also fit one time factor per op family, comma-separated: gemm, "
+        "attention, elementwise, comm, moe"),
     max_evals: int = typer.Option(500, "--max-evals", min=10,
                                   help="Most simulations of the measured runs"),
     seed: int = typer.Option(0, "--seed", help="Seed of the --holdout choice"),
@@ -79,15 +83,15 @@ def fit_command(
     with phase("fitting (simulations)", max_evals) as tick:
         res = fit(config, list(measured), overrides=list(overrides or []), holdout=holdout,
                   holdout_files=list(holdout_files or []), prefix_len=prefix_len,
-                  fix=tuple(fix or ()), seed=seed, max_evals=max_evals, progress=tick)
+                  fix=tuple(fix or ()), seed=seed, max_evals=max_evals, progress=tick,
+                  scales=tuple(x.strip() for x in scales.split(",") if x.strip()))
     doc = None
     if output is not None:
         import yaml
-        from servesim.simulator.config import load_yaml, resolve_config
-        from servesim.simulator.config import load_config as _lc
+        from servesim.simulator.config import load_config, load_yaml, resolve_config
 
         existing = load_yaml(output) if output.exists() else None
-        cfg = resolve_config(_lc(config, list(overrides or [])))
+        cfg = resolve_config(load_config(config, list(overrides or [])))
         doc = calibration_doc(res, config, cfg.hardware.name, existing)
         text = (json.dumps(doc, indent=1) + "\n" if output.suffix == ".json" else
                 "# servesim calibration: fitted by `simulate fit` (see fit:)\n"

@@ -135,7 +135,7 @@ def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
         "decode_s": decode,
         # the frontend's timestamps (TTFT breakdown, reports)
         "frontend_arrival_s": arrival,
-        "tokenized_s": raw["tokenized_s"] if "tokenized_s" in raw else send,
+        "tokenized_s": raw.get("tokenized_s", send),
         "queued_s": queued,
         "engine_first_token_s": e_first,
         "first_token_iter_s": it_first,

@@ -69,7 +69,7 @@ def test_fit_recovers_planted_parameters(planted):
         assert abs(res.fitted[name] / truth - 1) < 0.10, (name, res.fitted[name], truth)
         assert res.identified[name], name
         assert abs(res.prior[name] / truth - 1) > 0.25  # it really moved there
-    (name, held, before, after), = [t for t in res.tables() if t[1]]
+    (name, _, before, after), = [t for t in res.tables() if t[1]]
     assert name == "heldout"
     assert abs(rel_err(after["ttft"]["mean"])) < 3.0
     assert abs(rel_err(before["ttft"]["mean"])) > abs(rel_err(after["ttft"]["mean"]))
