@@ -442,8 +442,7 @@ class StepCostModel:
 
     def dense_ops(self, T: int) -> list[OpCost]:
         """All ops whose cost depends only on the (padded) token count ``T``, vLLM order."""
-        s, L, tp = self.spec, self.L, self.tp
-        h = s.hidden_size
+        h = self.spec.hidden_size
         ops: list[OpCost] = []
         if T <= 0:
             return ops
