@@ -18,6 +18,8 @@ import simpy
 from servesim.simulator.request import FINISHED_REASON, Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
 
+_NAN = float("nan")
+
 
 class Recorder:
     """Columnar per-request and per-step records (array appends only on the hot path).
@@ -71,12 +73,18 @@ class Recorder:
         d["finish_s"].append(r.finish_time)
         d["num_preemptions"].append(r.num_preemptions)
         d["frontend_arrival_s"].append(r.arrival_time)
-        d["tokenized_s"].append(r.tokenized_time)
-        d["queued_s"].append(r.queued_time)
-        d["engine_first_token_s"].append(r.engine_first_token_time)
-        d["engine_finish_s"].append(r.engine_finish_time)
-        d["first_token_iter_s"].append(r.first_token_iter_time)
-        d["finish_iter_s"].append(r.finish_iter_time)
+        fe = r.fe  # frontend.FE_*: server, tokenized, queued, engine first/last token, ...
+        if fe is None:
+            _, tok, queued, e_first, it_first, e_fin, it_fin = (
+                0, r.send_time, r.send_time, _NAN, _NAN, _NAN, _NAN)
+        else:
+            _, tok, queued, e_first, it_first, e_fin, it_fin = fe
+        d["tokenized_s"].append(tok)
+        d["queued_s"].append(queued)
+        d["engine_first_token_s"].append(e_first)
+        d["engine_finish_s"].append(e_fin)
+        d["first_token_iter_s"].append(it_first)
+        d["finish_iter_s"].append(it_fin)
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -409,6 +417,11 @@ class Client:
 
     def _send(self, spec: RequestSpec) -> None:
         env = self.env
+        if self.frontend is not None:  # through the API servers (simulator/frontend.py),
+            self.num_sent += 1  # which call _arrive when it reaches the engine core
+            self.in_flight += 1
+            self.frontend.submit(spec, env.now)
+            return
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1
         reason = self._reject_reason(req)
@@ -419,9 +432,17 @@ class Client:
             self._end(req)
             return
         self.in_flight += 1
-        if self.frontend is not None:
-            self._live[req.index] = req
-            self.frontend.submit(req)
+        self._admit(req)
+
+    def _arrive(self, req: Request) -> None:
+        """A request through the frontend reaches the engine core; vLLM's API server refuses
+        it just before (after tokenization), else it is admitted."""
+        reason = self._reject_reason(req)
+        if reason:
+            req.error = reason
+            req.status = RequestStatus.FINISHED_IGNORED
+            req.finish_time = self.env.now
+            self.on_finish(req)
             return
         self._admit(req)
 
@@ -489,6 +510,9 @@ class Client:
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             if self.frontend is not None:
                 self.frontend.held.pop_into(req)
+            self._live[req.index] = req
+        for spec, send in (self.frontend.drain() if self.frontend is not None else ()):
+            req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             self._live[req.index] = req
         for req in sorted(self._live.values(), key=lambda r: r.index):
             req.error = req.error or "still in flight when the simulation ended"

@@ -68,6 +68,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 
 import simpy
+from servesim.simulator.request import Request
 
 # (name, unit, what) of the fitted parameters, in table order
 FIT_PARAMS = ("request_s", "tokenize_per_token_s", "ipc_s", "detokenize_per_token_s")
@@ -130,6 +131,49 @@ def resolve_frontend(cfg, calibration=None) -> tuple[FrontendParams | None, int,
     return params, int(n), prov
 
 
+class _Ingress:
+    """Requests waiting for an API server's tokenizer, FIFO: (spec, send, arrival) tuples while
+    few, compact columns (``engine.Parked`` plus arrival times) beyond ``SHORT``, so a burst of
+    millions sent at once holds no per-request objects."""
+
+    SHORT = 256
+
+    def __init__(self):
+        from servesim.simulator.engine import Parked
+
+        self.d: deque = deque()
+        self.q = Parked()
+        self.t = array("d")  # arrival times of the compact part
+        self.h = 0
+
+    def __len__(self) -> int:
+        return len(self.d) + len(self.q)
+
+    def push(self, spec, send: float, t: float) -> None:
+        if len(self.d) < self.SHORT and not len(self.q):
+            self.d.append((spec, send, t))
+        else:
+            self.q.push(spec, send)
+            self.t.append(t)
+
+    def at(self, k: int) -> float:
+        """Arrival time of the k-th queued request."""
+        nd = len(self.d)
+        return self.d[k][2] if k < nd else self.t[self.h + k - nd]
+
+    def pop(self):
+        if self.d:
+            return self.d.popleft()
+        spec, send = self.q.pop()
+        h = self.h
+        t = self.t[h]
+        self.h = h + 1
+        if self.h >= 65536 and self.h * 2 >= len(self.t):
+            del self.t[:self.h]
+            self.h = 0
+        return spec, send, t
+
+
 class _ApiServer:
     """One API-server process: its asyncio thread (FIFO, ``busy`` = when it is next free) and
     its tokenizer thread (micro-batches, ``tok_free`` = when the batcher takes the next)."""
@@ -139,10 +183,17 @@ class _ApiServer:
     def __init__(self):
         self.busy = 0.0
         self.tok_free = 0.0
-        self.ingress: deque = deque()  # (request, time it reaches the tokenizer queue)
+        self.ingress = _Ingress()
         self.wake: simpy.Event | None = None
         self.last_start = 0.0  # output work of the latest engine step: start, end
         self.last_done = 0.0
+
+
+# Request.fe: [API server, tokenized, queued (engine core got it), engine first token,
+# output work of the first token starts, engine last token, output work of the last starts]
+FE_SERVER, FE_TOKENIZED, FE_QUEUED, FE_ENGINE_FIRST, FE_FIRST_ITER, FE_ENGINE_FINISH, \
+    FE_FINISH_ITER = range(7)
+_NAN = float("nan")
 
 
 class Held:
@@ -156,16 +207,17 @@ class Held:
 
     def push(self, req) -> None:
         a, t, q, s = self.cols
+        fe = req.fe
         a.append(req.arrival_time)
-        t.append(req.tokenized_time)
-        q.append(req.queued_time)
-        s.append(req.api_server)
+        t.append(fe[1])
+        q.append(fe[2])
+        s.append(fe[0])
 
     def pop_into(self, req) -> None:
         a, t, q, s = self.cols
         i = self.head
-        req.arrival_time, req.tokenized_time = a[i], t[i]
-        req.queued_time, req.api_server = q[i], s[i]
+        req.arrival_time = a[i]
+        req.fe = [s[i], t[i], q[i], _NAN, _NAN, _NAN, _NAN]
         self.head = i + 1
         if self.head >= 65536 and self.head * 2 >= len(a):
             for c in self.cols:
@@ -184,8 +236,12 @@ class Frontend:
     RING = 64  # recent steps per replica kept for inter-token gap look-ups
 
     def __init__(self, env: simpy.Environment, params: FrontendParams, num_servers: int,
-                 admit, client_finish, recorder=None):
+                 admit, client_finish, recorder=None, max_model_len: int = 0):
         self.env = env
+        self.max_model_len = max_model_len
+        # False when nothing waits for a finished request's client slot (no max_concurrency):
+        # the client's bookkeeping then runs at once, its times already the client's
+        self.defer_finish = True
         self.p = params
         self.n = max(1, int(num_servers))
         self.servers = [_ApiServer() for _ in range(self.n)]
@@ -204,20 +260,17 @@ class Frontend:
 
     # -- request path --------------------------------------------------------------------------
 
-    def submit(self, req) -> None:
-        """The client sent ``req`` now: queue its request work on an API server's asyncio
-        thread; it then waits for the tokenizer."""
-        now = self.env.now
+    def submit(self, spec, send: float) -> None:
+        """The client sent ``spec`` at ``send`` (now): queue its request work on an API
+        server's asyncio thread; it then waits for the tokenizer."""
         i = self._rr
         self._rr = (i + 1) % self.n
         s = self.servers[i]
-        req.api_server = i
-        start = s.busy if s.busy > now else now
+        start = s.busy if s.busy > send else send
         done = start + self.p.request_s
         s.busy = done
         self.busy_seconds[i] += self.p.request_s
-        req.arrival_time = done  # vLLM's arrival_time: the renderer starts
-        s.ingress.append(req)
+        s.ingress.push(spec, send, done)  # done: vLLM's arrival_time (the renderer starts)
         if s.wake is not None and not s.wake.triggered:
             s.wake.succeed()
 
@@ -236,36 +289,37 @@ class Frontend:
                 s.wake = None
                 continue
             # the batcher takes the first queued prompt once the previous batch is done
-            opened = max(q[0].arrival_time, s.tok_free)
+            opened = max(q.at(0), s.tok_free)
             if opened > env.now:
                 yield env.timeout(opened - env.now)
             deadline = opened + wait
             # 32 prompts already queued by the deadline close the window at the 32nd
-            if len(q) >= cap and q[cap - 1].arrival_time <= deadline:
-                close = max(opened, q[cap - 1].arrival_time)
+            if len(q) >= cap and q.at(cap - 1) <= deadline:
+                close = max(opened, q.at(cap - 1))
             else:
                 if deadline > env.now:
                     yield env.timeout(deadline - env.now)
                 close = deadline  # (a 32nd prompt queued mid-window: closed at the deadline)
             batch = []
             tokens = 0
-            while q and len(batch) < cap and q[0].arrival_time <= close:
-                r = q.popleft()
-                batch.append(r)
-                tokens += r.prompt_len
+            while len(q) and len(batch) < cap and q.at(0) <= close:
+                item = q.pop()
+                batch.append(item)
+                tokens += item[0].prompt_len
             done = max(close, env.now) + per_tok * tokens
             s.tok_free = done
             self.num_batches += 1
-            for r in batch:
-                r.tokenized_time = done
             ev = env.timeout(done + ipc - env.now)
-            ev.callbacks.append(lambda _ev, b=batch: self._to_engine(b))
+            ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
 
-    def _to_engine(self, batch: list) -> None:
+    def _to_engine(self, batch: list, server: int, tokenized: float) -> None:
+        """A tokenized batch reaches the engine core: the requests are built now."""
         now = self.env.now
-        admit = self.admit
-        for r in batch:
-            r.queued_time = now
+        admit, mml = self.admit, self.max_model_len
+        for spec, send, t in batch:
+            r = Request(spec, spec.extra["_index"], mml, send)
+            r.arrival_time = t
+            r.fe = [server, tokenized, now, _NAN, _NAN, _NAN, _NAN]
             admit(r)
 
     # -- output path ---------------------------------------------------------------------------
@@ -310,7 +364,11 @@ class Frontend:
         if out.fast and out.num_group and itl_weighted:
             v, c = itl_weighted[-1]
             engine_itl.append((v, c))
-            before = self._delay_at(ring, now - v, prev)
+            t = now - v
+            if ring and abs(ring[-1][0] - t) <= 1e-9 * (1.0 + t):  # the previous step
+                before = prev
+            else:
+                before = self._delay_at(ring, t, prev)
             if n == 1:
                 itl_weighted[-1] = (v + delays - before, c)
             else:
@@ -327,10 +385,11 @@ class Frontend:
             for req, _, _ in sched:
                 if req.last_token_time != now:
                     continue  # a mid-prefill chunk: nothing sampled
-                if req.engine_first_token_time != req.engine_first_token_time:  # NaN: first
-                    srv = self.servers[req.api_server] if n > 1 else self.servers[0]
-                    req.engine_first_token_time = now
-                    req.first_token_iter_time = srv.last_start
+                fe = req.fe
+                if fe[3] != fe[3]:  # NaN: its first token
+                    srv = self.servers[fe[0]] if n > 1 else self.servers[0]
+                    fe[3] = now
+                    fe[4] = srv.last_start
                     req.first_token_time = srv.last_done
                 else:
                     rows.append(req)
@@ -343,7 +402,7 @@ class Frontend:
                     if n == 1:
                         itl_explicit[k + j] = v + delays - before
                     else:
-                        a = req.api_server
+                        a = req.fe[0]
                         itl_explicit[k + j] = v + delays[a] - before[a]
         ring.append((now, delays))
 
@@ -363,11 +422,15 @@ class Frontend:
         """``req`` finished in the engine step just recorded: the client sees it when that
         step's output work is done; the client's bookkeeping (concurrency slot, session
         follow-ups, the request's row) happens then."""
-        s = self.servers[req.api_server] if self.n > 1 else self.servers[0]
-        req.engine_finish_time = req.finish_time
-        req.finish_iter_time = s.last_start
+        fe = req.fe
+        s = self.servers[fe[0]] if self.n > 1 else self.servers[0]
+        fe[5] = req.finish_time
+        fe[6] = s.last_start
         t = s.last_done
         req.finish_time = t
+        if not self.defer_finish:  # nothing waits for the client's slot: record it now
+            self.client_finish(req)  # (its times are the client's already)
+            return
         if self._pending is not None and t == self._pending_t:
             self._pending.append(req)
             return
@@ -383,9 +446,12 @@ class Frontend:
         for r in batch:
             cf(r)
 
-    def pending(self) -> list:
-        """Requests still inside the frontend (ingress or tokenizer) when the run ends."""
-        return [r for s in self.servers for r in s.ingress]
+    def drain(self):
+        """(spec, send time) of the requests still waiting for a tokenizer (the run ended)."""
+        for s in self.servers:
+            while len(s.ingress):
+                spec, send, _ = s.ingress.pop()
+                yield spec, send
 
 
 __all__ = ["FIT_PARAMS", "Frontend", "FrontendParams", "Held", "resolve_frontend"]

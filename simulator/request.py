@@ -60,20 +60,16 @@ class Request:
 
     __slots__ = (
         "_n_shared",
-        "api_server",
         "arrival_time",
         "block_hashes",
         "blocks",
         "d_computed",
         "d_mark",
-        "engine_finish_time",
-        "engine_first_token_time",
         "eos_after",
         "error",
-        "finish_iter_time",
+        "fe",
         "finish_time",
         "first_scheduled_time",
-        "first_token_iter_time",
         "first_token_time",
         "index",
         "last_token_time",
@@ -89,13 +85,11 @@ class Request:
         "priority",
         "prompt_len",
         "prompt_token_ids",
-        "queued_time",
         "request_id",
         "root_hash",
         "send_time",
         "spec",
         "status",
-        "tokenized_time",
     )
 
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
@@ -110,19 +104,13 @@ class Request:
             self.max_tokens = max(max_model_len - self.prompt_len, 1)
             self.eos_after = int(spec.output_len)
         self.priority = spec.priority
-        # vLLM's arrival_time (the API server's renderer starts; priority order) and the
-        # engine core's queued time: the client's send time unless a frontend
-        # (simulator/frontend.py) moves them later; the frontend also sets the rest of these
-        # (engine-side times; first_token_time / finish_time then are the client's).
+        # vLLM's arrival_time (the API server's renderer starts; priority order): the client's
+        # send time unless a frontend (simulator/frontend.py) moves it later. ``fe``: the
+        # frontend's timestamps (``frontend.FE_*``), None without one; with one,
+        # first_token_time / finish_time are the client's.
         self.arrival_time = send_time
         self.send_time = send_time
-        self.queued_time = send_time
-        self.tokenized_time = send_time
-        self.api_server = 0
-        self.engine_first_token_time = float("nan")
-        self.engine_finish_time = float("nan")
-        self.first_token_iter_time = float("nan")
-        self.finish_iter_time = float("nan")
+        self.fe = None
         self.num_tokens = self.prompt_len
         self.num_computed_tokens = 0
         self.num_output_tokens = 0

@@ -83,8 +83,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
     frontend = None
     if fe_params is not None:  # API servers between client and engines (frontend.py)
-        frontend = Frontend(env, fe_params, n_api, lambda r: client_box[0]._admit(r),
-                            lambda r: client_box[0].on_finish(r), rec)
+        frontend = Frontend(env, fe_params, n_api, lambda r: client_box[0]._arrive(r),
+                            lambda r: client_box[0].on_finish(r), rec, max_model_len=mml)
         rec.on_step = frontend.on_step
         on_finish = frontend.on_engine_finish
     else:
@@ -113,6 +113,9 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                         max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
                         park_after=_park_after(cfg), frontend=frontend)
         client_box.append(client)
+        if frontend is not None:
+            frontend.defer_finish = cfg.workload.max_concurrency is not None
+            frontend.admit, frontend.client_finish = client._arrive, client.on_finish
         env.run()
         client.finalize()
     wall = time.perf_counter() - t0
