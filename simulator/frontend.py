@@ -56,9 +56,14 @@ work); ``queued_time`` = the engine core gets the request (``request_queue_time_
 first scheduled − queued). A request's client-visible first-token / finish times are the end
 of the output work of the step that produced them.
 
-Cost. No event per token or per request on the output side: per engine step one O(1) update
-per API server (plus the explicitly scheduled rows), per tokenizer batch one event and per
-step with finished requests one event (the client sees them finish later).
+Requests the API server refuses (prompt too long for ``max_model_len``, ...) are refused
+when they would reach the engine core (after tokenization, as vLLM's serving layer does).
+
+Cost. No event per token or per request: per engine step one O(1) update per API server (plus
+the explicitly scheduled rows), per tokenizer batch two events, and, under
+``max_concurrency`` only, one event per step with finished requests (the client's slot frees
+when it sees them finish). Requests waiting for a tokenizer are kept as specs (compact
+columns beyond a few hundred), built into ``Request`` objects when they reach the engine.
 """
 
 from __future__ import annotations
