@@ -110,9 +110,10 @@ EXTRA_KEYS = [
     "num_steps", "frontend", "ttft_breakdown_ms", "engine_metrics",
     "wall_seconds", "sim_speed",
 ]  # fmt: skip
-# Engine-side latencies (extras, ``engine_metrics`` in result.json), as vLLM's Prometheus
-# histograms measure them (``simulator/metrics.py`` ENGINE_COLUMNS; the server's view, not
-# the client's): metric → (requests column, Prometheus histogram)
+# Engine-side latencies (extras ``<stat>_engine_<metric>_ms`` in result.json, with
+# ``engine_metrics``: metric → Prometheus name), as vLLM's Prometheus histograms measure them
+# (``simulator/metrics.py`` ENGINE_COLUMNS; the server's view, not the client's); exact or
+# DDSketch percentiles by the same rule as the client's: metric → (requests column, name)
 ENGINE_METRICS = {
     "ttft": ("engine_ttft_s", "vllm:time_to_first_token_seconds"),
     "tpot": ("engine_tpot_s", "vllm:request_time_per_output_token_seconds"),
@@ -400,7 +401,7 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
 
     series = {m: Distribution() for m, _, _ in METRIC_INFO if m != "itl"}
     engine = {m: Distribution() for m, (col, _) in ENGINE_METRICS.items() if col}
-    breakdown = {t[0]: 0.0 for t in TTFT_TERMS}
+    breakdown = {t[0]: 0 for t in TTFT_TERMS}  # ns
     has_engine = False
     n = completed = total_input = total_output = good = 0
     t0 = math.inf
@@ -433,7 +434,10 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
             for name, end, start, _ in TTFT_TERMS:
                 d = (np.asarray(req[end], dtype=float)[done]
                      - np.asarray(req[start], dtype=float)[done])
-                breakdown[name] += float(np.nansum(d))
+                # whole nanoseconds, summed exactly: the same total however the rows are
+                # windowed (streamed runs)
+                ns = np.rint(np.nan_to_num(d) * 1e9).astype(np.int64)
+                breakdown[name] += int(ns.sum())
         cq = w.client_queue[done]
         for m, v in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els),
                      ("client_queue_time", cq), ("e2el_including_client_queue", None)):
@@ -579,10 +583,9 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         bench["frontend"] = fe
     if has_engine:
         bench["ttft_breakdown_ms"] = {
-            k: (v / completed * MILLISECONDS_PER_SECOND if completed else 0.0)
-            for k, v in breakdown.items()}
-        em: dict[str, Any] = {}
-        for m, (_, prom) in ENGINE_METRICS.items():
+            k: (v / completed / 1e6 if completed else 0.0) for k, v in breakdown.items()}
+        bench["engine_metrics"] = {m: prom for m, (_, prom) in ENGINE_METRICS.items()}
+        for m in ENGINE_METRICS:
             if m == "itl":
                 eitl = getattr(result, "engine_itl", None)
                 if eitl is None:  # no frontend: the engine's gaps are the client's
@@ -595,8 +598,8 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
                 st = _stats(engine[m].values(), percentiles)
             else:
                 st = _sketch_stats(engine[m], percentiles)
-            em[m] = {"prometheus": prom, **{f"{k}_ms": _num(v) for k, v in st.items()}}
-        bench["engine_metrics"] = em
+            for k, v in st.items():  # like the client's keys: mean_engine_ttft_ms, ...
+                bench[f"{k}_engine_{m}_ms"] = _num(v)
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",

@@ -13,9 +13,9 @@ positive means the simulator over-predicts). A metric missing on either side is 
 
 Client side vs engine side (``side`` column): the vllm bench metrics are what the client saw
 (HTTP, tokenization, the API server, the engine, the SSE stream). When both files also carry
-engine-side latencies, as vLLM's Prometheus histograms measure them (servesim's
-``engine_metrics``; for a real server, the same dict or flat ``mean_engine_ttft_ms``-style
-keys taken from ``/metrics``), those are compared in their own rows (``side`` = ``engine``:
+engine-side latencies, as vLLM's Prometheus histograms measure them (``mean_engine_ttft_ms``-
+style keys: servesim writes them; for a real server, take them from ``/metrics``), those are
+compared in their own rows (``side`` = ``engine``:
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``, ...), so a gap
 can be placed in front of or inside the engine.
 """
@@ -44,16 +44,9 @@ COMPARE_COLUMNS = ("request_rate", "sim_file", "measured_file", "metric", "sim",
 
 
 def engine_value(d: dict, key: str) -> float:
-    """An engine-side value ``<stat>_engine_<metric>_ms`` of a result: a flat key, or
-    ``engine_metrics[metric]["<stat>_ms"]`` (servesim's result.json)."""
-    if key in d:
-        return _num(d[key])
-    stat, rest = key.split("_engine_", 1)
-    metric = rest[: -len("_ms")]
-    em = d.get("engine_metrics")
-    if isinstance(em, dict) and isinstance(em.get(metric), dict):
-        return _num(em[metric].get(f"{stat}_ms"))
-    return math.nan
+    """An engine-side value ``<stat>_engine_<metric>_ms`` of a result (servesim writes them;
+    for a real server, add them from a scrape of ``/metrics``)."""
+    return _num(d.get(key))
 
 
 def load_result(path: str | Path) -> dict:

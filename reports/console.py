@@ -48,13 +48,13 @@ def summary_lines(bench: dict) -> list[str]:
         lines.append(_row(f"Median {name} (ms):", bench.get(f"median_{metric}_ms"), ".2f"))
         for w in words:
             lines.append(_row(f"P{w} {name} (ms):", bench.get(f"p{w}_{metric}_ms"), ".2f"))
-    em = bench.get("engine_metrics") or {}
-    if em:
+    if "mean_engine_ttft_ms" in bench:
         lines.append("{s:{c}^{n}}".format(s="Engine side (vLLM Prometheus)", n=WIDTH, c="-"))
         for m, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"),
                          ("queue_time", "queue time"), ("prefill_time", "prefill time")):
-            if m in em:
-                lines.append(_row(f"Mean engine {label} (ms):", em[m].get("mean_ms"), ".2f"))
+            key = f"mean_engine_{m}_ms"
+            if key in bench:
+                lines.append(_row(f"Mean engine {label} (ms):", bench[key], ".2f"))
     bd = bench.get("ttft_breakdown_ms") or {}
     if bd and (bench.get("frontend") or {}).get("enable"):
         from servesim.reports.bench_result import TTFT_TERMS

@@ -74,10 +74,9 @@ def test_missing_file(tmp_path):
 
 
 def test_engine_side_rows_only_when_both_have_them(tmp_path):
-    em = {"ttft": {"prometheus": "vllm:time_to_first_token_seconds", "mean_ms": 20.0,
-                   "median_ms": 19.0, "p99_ms": 40.0}}
-    sim = _sim(tmp_path, "sim.json", 4.0, mean_ttft_ms=25.0, engine_metrics=em)
-    meas = tmp_path / "meas.json"  # engine side from a scrape of /metrics: flat keys
+    sim = _sim(tmp_path, "sim.json", 4.0, mean_ttft_ms=25.0, mean_engine_ttft_ms=20.0,
+               median_engine_ttft_ms=19.0, p99_engine_ttft_ms=40.0)
+    meas = tmp_path / "meas.json"  # engine side from a scrape of /metrics
     meas.write_text(json.dumps({"request_rate": 4.0, "mean_ttft_ms": 30.0,
                                 "mean_engine_ttft_ms": 25.0}))
     rows = compare_files([sim, meas])
