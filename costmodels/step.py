@@ -350,6 +350,8 @@ class StepCostModel:
         }
         self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
         self._dense_cache: dict[int, float] = {}
+        self.scales: dict[str, float] = {}  # op family -> time factor (set_scales)
+        self._attn_scale = 1.0
         self._head_cache: dict[int, float] = {}
 
     # -- structure helpers --------------------------------------------------------------------
@@ -477,12 +479,18 @@ class StepCostModel:
 
     def dense_ops(self, T: int) -> list[OpCost]:
         """All ops whose cost depends only on the (padded) token count ``T``, vLLM order."""
-        s, L, tp = self.spec, self.L, self.tp
-        h = s.hidden_size
+        h = self.spec.hidden_size
         ops: list[OpCost] = []
         if T <= 0:
             return ops
         ops.append(self._elementwise("embed_tokens", 1, 2 * T * h * ACT_BYTES, 1))
+        if self.scales:
+            return self._scaled(self._dense_ops(T, ops))
+        return self._dense_ops(T, ops)
+
+    def _dense_ops(self, T: int, ops: list[OpCost]) -> list[OpCost]:
+        s, L, tp = self.spec, self.L, self.tp
+        h = s.hidden_size
         ops.append(self._elementwise("input_layernorm", 2 * L + 1, 4 * T * h * ACT_BYTES,
                                      _K_NORM))
         merged: dict[str, OpCost] = {}
@@ -576,7 +584,38 @@ class StepCostModel:
             op = OpCost(op.name, op.count, op.seconds + g.seconds, op.flops, op.bytes + g.bytes,
                         op.bound, op.efficiency, op.provenance)
         sampler = self._elementwise("sampler", 1, 4 * s * V * 4, _K_SAMPLER)
-        return [op, sampler]
+        return self._scaled([op, sampler]) if self.scales else [op, sampler]
+
+    # -- one global time factor per op family (``scales:`` in a calibration file; simulate fit)
+
+    @staticmethod
+    def op_family(name: str) -> str:
+        """``gemm`` | ``attention`` | ``elementwise`` | ``comm`` | ``moe`` of an op name."""
+        if name == "attn":
+            return "attention"
+        if name == "experts":
+            return "moe"
+        if name in ("all_reduce", "pp_send_recv"):
+            return "comm"
+        if name.endswith("_proj") or name in ("lm_head", "router", "shared_experts"):
+            return "gemm"
+        return "elementwise"
+
+    def set_scales(self, scales: dict[str, float]) -> None:
+        """Multiply each op family's time by ``scales[family]`` (1 where absent)."""
+        self.scales = {k: float(v) for k, v in (scales or {}).items() if float(v) != 1.0}
+        self._attn_scale = self.scales.get("attention", 1.0)
+        self._dense_cache.clear()
+        self._head_cache.clear()
+
+    def _scaled(self, ops: list[OpCost]) -> list[OpCost]:
+        out = []
+        for op in ops:
+            f = self.scales.get(self.op_family(op.name), 1.0)
+            out.append(op if f == 1.0 else OpCost(op.name, op.count, op.seconds * f, op.flops,
+                                                  op.bytes, op.bound, op.efficiency / f,
+                                                  op.provenance + f"×{f:g}"))
+        return out
 
     def _head_seconds(self, s: int) -> float:
         t = 0.0
@@ -687,24 +726,24 @@ class StepCostModel:
         gpu = self._dense_cache.get(Tp)
         if gpu is None:
             gpu = self._dense_seconds(Tp)
-        if T:
-            gpu += self._attn_fixed
+        att = self._attn_fixed if T else 0.0
         if nd:
             ctx = batch.decode_context_sum
             if self.window and ctx > nd * self.window:
                 ctx = nd * self.window
             if ns:
-                gpu += self._spec_decode_attn(nd, ns, ctx, self._decode_attn(nd, ctx))
+                att += self._spec_decode_attn(nd, ns, ctx, self._decode_attn(nd, ctx))
             else:
-                gpu += self._decode_attn(nd, ctx)
+                att += self._decode_attn(nd, ctx)
         if pre:
             pc = batch.prefill_context
             if len(pc) != len(pre):
                 pc = tuple(pc) + (0,) * (len(pre) - len(pc))
             for c, p in zip(pre, pc):
-                gpu += self._prefill_attn(c, p)
+                att += self._prefill_attn(c, p)
             if self._attn_floor:
-                gpu -= self._attn_shared(nd, len(pre))
+                att -= self._attn_shared(nd, len(pre))
+        gpu += att * self._attn_scale
         launch = self._launch[mode]
         s = batch.num_sampled
         if s:
@@ -764,6 +803,7 @@ class StepCostModel:
             nbytes += L * (kv * self._pre_b1_kv + c * self._pre_rb1)
         if pre and self._attn_floor:
             attn_s -= self._attn_shared(nd, len(pre))
+        attn_s *= self._attn_scale
         if T:
             # one label: the least direct source among the parts
             prov = min(provs, key=lambda x: (x.startswith("calibration:"),
@@ -881,6 +921,8 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
         from servesim.costmodels.lora import attach_lora
 
         attach_lora(model, cfg)
+    if cal is not None and cal.scales:
+        model.set_scales(cal.scales)
     return model
 
 

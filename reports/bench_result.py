@@ -123,8 +123,36 @@ EXTRA_KEYS = [
     "failed_reasons", "num_warmup_requests", "stages",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "num_gpu_blocks",
     "num_preemptions", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
-    "num_steps", "wall_seconds", "sim_speed",
+    "num_steps", "frontend", "ttft_breakdown_ms", "engine_metrics",
+    "wall_seconds", "sim_speed",
 ]  # fmt: skip
+# Engine-side latencies (extras ``<stat>_engine_<metric>_ms`` in result.json, with
+# ``engine_metrics``: metric → Prometheus name), as vLLM's Prometheus histograms measure them
+# (``simulator/metrics.py`` ENGINE_COLUMNS; the server's view, not the client's); exact or
+# DDSketch percentiles by the same rule as the client's: metric → (requests column, name)
+ENGINE_METRICS = {
+    "ttft": ("engine_ttft_s", "vllm:time_to_first_token_seconds"),
+    "tpot": ("engine_tpot_s", "vllm:request_time_per_output_token_seconds"),
+    "itl": (None, "vllm:inter_token_latency_seconds"),
+    "e2el": ("engine_e2el_s", "vllm:e2e_request_latency_seconds"),
+    "queue_time": ("queue_s", "vllm:request_queue_time_seconds"),
+    "prefill_time": ("prefill_s", "vllm:request_prefill_time_seconds"),
+    "decode_time": ("decode_s", "vllm:request_decode_time_seconds"),
+}
+# Client TTFT = the sum of these per-request terms (``ttft_breakdown_ms``: means over the
+# completed requests, ms): term → (end column, start column, what)
+TTFT_TERMS = (
+    ("api_server", "frontend_arrival_s", "send_s",
+     "API server asyncio thread: queue + request work (HTTP, validation)"),
+    ("tokenizer", "tokenized_s", "frontend_arrival_s",
+     "tokenizer thread: micro-batch window + queue + tokenization"),
+    ("ipc_in", "queued_s", "tokenized_s", "API server -> engine core hop"),
+    ("engine_queue", "first_scheduled_s", "queued_s", "engine waiting queue"),
+    ("engine_prefill", "engine_first_token_s", "first_scheduled_s",
+     "engine: first scheduled -> first token (prefill steps)"),
+    ("output", "first_token_s", "engine_first_token_s",
+     "engine core -> API server hop + output queue + detokenize/SSE"),
+)
 # host-timing facts: not reproducible, kept out of result.json by write_run
 VOLATILE_KEYS = ("wall_seconds", "sim_speed")
 
@@ -405,6 +433,9 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     streamed = result.streamed
 
     series = {m: Distribution() for m, _, _ in METRIC_INFO if m != "itl"}
+    engine = {m: Distribution() for m, (col, _) in ENGINE_METRICS.items() if col}
+    breakdown = {t[0]: 0 for t in TTFT_TERMS}  # ns
+    has_engine = False
     n = completed = total_input = total_output = good = 0
     t0 = math.inf
     lists: dict[str, list] = {k: [] for k in (*_DETAILED, *_ALWAYS)}
@@ -433,6 +464,18 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
             for name, limit in slo_s:
                 ok &= limit >= {"ttft": ttfts, "tpot": all_tpots, "e2el": e2els}[name]
             good += int(ok.sum())
+        if "engine_ttft_s" in req:
+            has_engine = True
+            for m, dist in engine.items():
+                v = np.asarray(req[ENGINE_METRICS[m][0]], dtype=float)[done]
+                dist.add(v[np.isfinite(v)])
+            for name, end, start, _ in TTFT_TERMS:
+                d = (np.asarray(req[end], dtype=float)[done]
+                     - np.asarray(req[start], dtype=float)[done])
+                # whole nanoseconds, summed exactly: the same total however the rows are
+                # windowed (streamed runs)
+                ns = np.rint(np.nan_to_num(d) * 1e9).astype(np.int64)
+                breakdown[name] += int(ns.sum())
         cq = w.client_queue[done]
         for m, v in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els),
                      ("client_queue_time", cq), ("e2el_including_client_queue", None)):
@@ -534,6 +577,7 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
         )
 
     approximate = []
+    bench_itl: dict = {}
     for metric, _, _ in METRIC_INFO:
         if metric not in selected:
             continue
@@ -543,6 +587,7 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
                 approximate.append(metric)
             else:
                 st = _itl_stats(result.itl_values, result.itl_counts, percentiles)
+            bench_itl = st
         elif series[metric].exact:
             st = _stats(series[metric].values(), percentiles)
         else:
@@ -607,6 +652,28 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
                      **{k: counter(k) for k in (
                          "lora_adapters_seen", "lora_max_active_adapters", "lora_slot_hits",
                          "lora_loads_from_cpu", "lora_loads_from_disk")})
+    fe = getattr(result, "frontend", None) or {}
+    if fe:
+        bench["frontend"] = fe
+    if has_engine:
+        bench["ttft_breakdown_ms"] = {
+            k: (v / completed / 1e6 if completed else 0.0) for k, v in breakdown.items()}
+        bench["engine_metrics"] = {m: prom for m, (_, prom) in ENGINE_METRICS.items()}
+        for m in ENGINE_METRICS:
+            if m == "itl":
+                eitl = getattr(result, "engine_itl", None)
+                if eitl is None:  # no frontend: the engine's gaps are the client's
+                    st = bench_itl
+                elif eitl.exact:
+                    st = _itl_stats(*eitl.exact_sample(), percentiles)
+                else:
+                    st = _sketch_stats(eitl, percentiles)
+            elif engine[m].exact:
+                st = _stats(engine[m].values(), percentiles)
+            else:
+                st = _sketch_stats(engine[m], percentiles)
+            for k, v in st.items():  # like the client's keys: mean_engine_ttft_ms, ...
+                bench[f"{k}_engine_{m}_ms"] = _num(v)
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",

@@ -18,6 +18,14 @@ Per metric: ``sim``, ``measured``, ``error = sim − measured``, ``abs_error = |
 latencies, per s for throughputs) and ``rel_error_pct = 100 · error / measured`` (signed:
 positive means the simulator over-predicts). A metric missing on either side is reported with
 ``status`` ``missing in sim`` / ``missing in measured``, never an error.
+
+Client side vs engine side (``side`` column): the vllm bench metrics are what the client saw
+(HTTP, tokenization, the API server, the engine, the SSE stream). When both files also carry
+engine-side latencies, as vLLM's Prometheus histograms measure them (``mean_engine_ttft_ms``-
+style keys: servesim writes them; for a real server, take them from ``/metrics``), those are
+compared in their own rows (``side`` = ``engine``:
+``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``, ...), so a gap
+can be placed in front of or inside the engine.
 """
 
 from __future__ import annotations
@@ -36,8 +44,17 @@ COMPARE_METRICS = (
     "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
     "request_throughput", "output_throughput", "total_token_throughput",
 )
+ENGINE_COMPARE = tuple(f"{s}_engine_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el",
+                                                        "queue_time", "prefill_time")
+                       for s in ("mean", "median", "p99"))
 COMPARE_COLUMNS = ("request_rate", "sim_file", "measured_file", "metric", "sim", "measured",
-                   "error", "abs_error", "rel_error_pct", "status", "stage")
+                   "error", "abs_error", "rel_error_pct", "status", "stage", "side")
+
+
+def engine_value(d: dict, key: str) -> float:
+    """An engine-side value ``<stat>_engine_<metric>_ms`` of a result (servesim writes them;
+    for a real server, add them from a scrape of ``/metrics``)."""
+    return _num(d.get(key))
 
 
 def load_result(path: str | Path) -> dict:
@@ -114,12 +131,20 @@ def compare_pair(sim: dict, meas: dict, metrics: tuple[str, ...] = COMPARE_METRI
     rows = []
     rate = meas.get("request_rate", sim.get("request_rate"))
     stage = meas.get("label") if meas.get("stage") is not None else sim.get("label", "")
-    for k in metrics:
-        s, m = _num(sim.get(k)), _num(meas.get(k))
+    engine = [k for k in ENGINE_COMPARE if metrics is COMPARE_METRICS]
+    if not (any(math.isfinite(engine_value(sim, k)) for k in engine)
+            and any(math.isfinite(engine_value(meas, k)) for k in engine)):
+        engine = []  # engine side only when both files have it
+    for k in (*metrics, *engine):
+        side = "engine" if k in ENGINE_COMPARE else "client"
+        if side == "engine":
+            s, m = engine_value(sim, k), engine_value(meas, k)
+        else:
+            s, m = _num(sim.get(k)), _num(meas.get(k))
         row = {"request_rate": rate, "sim_file": sim.get("_file", ""),
-               "measured_file": meas.get("_file", ""), "metric": k, "sim": s, "measured": m,
-               "error": math.nan, "abs_error": math.nan, "rel_error_pct": math.nan,
-               "stage": stage or ""}
+               "measured_file": meas.get("_file", ""), "side": side, "metric": k, "sim": s,
+               "measured": m, "error": math.nan, "abs_error": math.nan,
+               "rel_error_pct": math.nan, "stage": stage or ""}
         if math.isnan(s) and math.isnan(m):
             row["status"] = "missing in both"
         elif math.isnan(s):
@@ -232,6 +257,9 @@ def rich_table(rows: list[dict]):
     staged = any(r.get("stage") for r in rows)
     if multi:
         t.add_column("stage" if staged else "rate (req/s)", justify="right")
+    sides = len({r.get("side", "client") for r in rows}) > 1
+    if sides:
+        t.add_column("side")
     for c in ("metric", "sim", "measured", "abs error", "rel error %", "status"):
         t.add_column(c, justify="left" if c in ("metric", "status") else "right")
 
@@ -244,6 +272,9 @@ def rich_table(rows: list[dict]):
                  "yellow" if abs(rel) <= 25 else "red")
         cells = [r["metric"], f(r["sim"]), f(r["measured"]), f(r["abs_error"]),
                  f"[{style}]{f(rel, 1)}[/]" if style else f(rel, 1), r["status"]]
+        if sides:
+            cells.insert(0, "engine (vLLM Prometheus)" if r.get("side") == "engine"
+                         else "client (vllm bench)")
         if multi:
             cells.insert(0, str(r.get("stage") or r["request_rate"]) if staged
                          else str(r["request_rate"]))

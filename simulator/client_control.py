@@ -60,9 +60,10 @@ class ClientControl:
             self.env.process(self._watcher())
 
     # -- hooks called by the Client --------------------------------------------------------------
-    def sending(self, req: Request) -> None:
-        """Before the API server's checks: stage and warm-up flags."""
-        extra = req.spec.extra
+    def sending(self, spec) -> None:
+        """The client sends ``spec`` (before the API server's checks): stage and warm-up
+        flags."""
+        extra = spec.extra
         st = self.stage
         warm = (st is not None and st["warmup"]) or (
             self.warm_n is not None and self.sent_in_stage < self.warm_n) or (
@@ -72,9 +73,10 @@ class ClientControl:
         self.sent_in_stage += 1
 
     def sent(self, req: Request) -> None:
-        """Accepted by the server: start its timeout."""
+        """Accepted by the server: start its timeout (from the client's send; with an API-server
+        frontend the request reaches the engine core later)."""
         if self.timeout is not None:
-            self._watch.append((self.env.now + self.timeout, req))
+            self._watch.append((req.send_time + self.timeout, req))
             w = self._watch_wake
             if w is not None and not w.triggered:
                 w.succeed()

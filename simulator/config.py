@@ -77,6 +77,27 @@ class CompilationConfig(_Section):
     cudagraph_capture_sizes: list[PositiveInt] | None = None
 
 
+class FrontendConfig(_Section):
+    """``frontend``: the API-server processes in front of the engine (simulator/frontend.py).
+
+    The costs default to the calibration file's ``frontend:`` section (``simulate fit``
+    writes it), else to documented priors; a value here overrides both."""
+
+    enable: bool = Field(True, description="Model the API server (false: the client talks "
+                         "to the engine core directly, TTFT = engine-side TTFT)")
+    api_server_count: PositiveInt | None = Field(
+        None, description="vLLM --api-server-count; default data_parallel_size, as vLLM")
+    request_s: float | None = Field(None, ge=0, description="asyncio-thread CPU per request, s")
+    tokenize_per_token_s: float | None = Field(None, ge=0, description="per prompt token, s")
+    ipc_s: float | None = Field(None, ge=0, description="one-way API server <-> engine hop, s")
+    detokenize_per_token_s: float | None = Field(
+        None, ge=0, description="detokenize + SSE per output token, s")
+    tokenizer_batch_wait_s: float | None = Field(
+        None, ge=0, description="tokenizer micro-batch window, s (vLLM: 0.002)")
+    tokenizer_max_batch: PositiveInt | None = Field(
+        None, description="prompts per tokenizer call (vLLM: 32)")
+
+
 class SLOConfig(_Section):
     """Per-request SLOs for goodput, as ``vllm bench serve --goodput ttft:MS tpot:MS e2el:MS``."""
 
@@ -121,6 +142,7 @@ class ExperimentConfig(_Section):
     # vLLM's speculative_config (None: off) and LoRAConfig: simulator/spec_decode.py, lora.py
     speculative_config: SpeculativeConfig | None = None
     lora: LoRAConfig = LoRAConfig()
+    frontend: FrontendConfig = FrontendConfig()
     workload: WorkloadConfig = RandomWorkload()
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
@@ -442,6 +464,8 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         from servesim.simulator.cluster.config import resolve_cluster
 
         resolve_cluster(cfg, c)
+    if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
+        c.frontend.api_server_count = c.parallel.data_parallel_size
     return c
 
 

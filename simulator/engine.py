@@ -23,6 +23,7 @@ from servesim.workloads.schema import RequestSpec
 
 if TYPE_CHECKING:
     from servesim.simulator.metrics import Distribution
+_NAN = float("nan")
 
 
 class Recorder:
@@ -36,7 +37,10 @@ class Recorder:
 
     REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
            "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",
-           "warmup", "attempts")
+           "warmup", "attempts",
+           # frontend (simulator/frontend.py) and engine-side times
+           "frontend_arrival_s", "tokenized_s", "queued_s", "engine_first_token_s",
+           "engine_finish_s", "first_token_iter_s", "finish_iter_s")
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
 
@@ -54,24 +58,29 @@ class Recorder:
         self.step = {k: array("d") for k in self.STEP}
         self.itl_explicit: list[float] = []
         self.itl_weighted: list[tuple[float, int]] = []
+        # With a frontend: the engine's own inter-token gaps ((value, count) pairs; the lists
+        # above then hold the client's) and the per-step hook (Frontend.on_step).
+        self.engine_itl = Distribution()
+        self.engine_itl_pairs: list[tuple[float, int]] = []
+        self.on_step: Callable | None = None
         self.parked = None  # the client's Parked queue (counted as waiting), if any
         self.refill: Callable[[], None] | None = None  # moves parked requests in
         # Staged runs (simulator/client_control.py): ITL samples per stage, split at stage
         # starts (samples are attributed to the stage during which they were emitted).
         self.itl_stage: int | None = None
         self.stage_itl: dict[int, Distribution] = {}
-        # Extra timeseries columns (speculative decoding / LoRA counters): ``on_step(out)``
-        # appends one value to each of them after every step row (add_step_columns).
-        self.on_step: Callable | None = None
+        # Extra timeseries columns (speculative decoding / LoRA counters):
+        # ``on_step_columns(out)`` appends one value to each of them after every step row.
+        self.on_step_columns: Callable | None = None
 
     def add_step_columns(self, names, on_step: Callable) -> list:
-        """Add step columns ``names`` (after ``STEP``); ``on_step(out)`` fills them. Returns
-        the column arrays, in order."""
+        """Add step columns ``names`` (after ``STEP``); ``on_step(out)`` fills them after every
+        step. Returns the column arrays, in order."""
         cols = []
         for k in names:
             self.step[k] = array("d")
             cols.append(self.step[k])
-        self.on_step = on_step
+        self.on_step_columns = on_step
         return cols
 
     def record_request(self, r: Request, reason: str) -> None:
@@ -90,6 +99,19 @@ class Recorder:
         d["stage"].append(extra.get("stage", 0))
         d["warmup"].append(1.0 if extra.get("warmup") else 0.0)
         d["attempts"].append(extra.get("attempts", 1))
+        d["frontend_arrival_s"].append(r.arrival_time)
+        fe = r.fe  # frontend.FE_*: server, tokenized, queued, engine first/last token, ...
+        if fe is None:
+            _, tok, queued, e_first, it_first, e_fin, it_fin = (
+                0, r.send_time, r.send_time, _NAN, _NAN, _NAN, _NAN)
+        else:
+            _, tok, queued, e_first, it_first, e_fin, it_fin = fe
+        d["tokenized_s"].append(tok)
+        d["queued_s"].append(queued)
+        d["engine_first_token_s"].append(e_first)
+        d["engine_finish_s"].append(e_fin)
+        d["first_token_iter_s"].append(it_first)
+        d["finish_iter_s"].append(it_fin)
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -136,6 +158,10 @@ class Recorder:
             if stage is not None:
                 stage.add(pairs[:, 0], pairs[:, 1], group=1)
             del self.itl_weighted[:]
+        if self.engine_itl_pairs:
+            pairs = np.asarray(self.engine_itl_pairs, dtype=float).reshape(-1, 2)
+            self.engine_itl.add(pairs[:, 0], pairs[:, 1])
+            del self.engine_itl_pairs[:]
 
     def flush_steps(self) -> None:
         import numpy as np
@@ -222,9 +248,13 @@ class Replica:
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
-        on_step = rec.on_step
+        on_step, rid = rec.on_step, self.replica_id
+        itl_e, itl_w, eitl = rec.itl_explicit, rec.itl_weighted, rec.engine_itl_pairs
+        on_columns = rec.on_step_columns
 
         def record(out, now: float, dt: float) -> None:
+            if on_step is not None:  # frontend: client-side token times (before any flush)
+                on_step(rid, out, now, itl_e, itl_w, eitl)
             if len(c_time) >= limit and rec.steps is not None:
                 rec.flush()
             parked = rec.parked
@@ -245,8 +275,8 @@ class Replica:
             c_h.append(stats.hits)
             c_nd.append(shape.num_decode)
             c_pt.append(shape.num_tokens - shape.num_decode - shape.num_spec_tokens)
-            if on_step is not None:
-                on_step(out)
+            if on_columns is not None:
+                on_columns(out)
 
         return record
 
@@ -327,11 +357,14 @@ class Replica:
                         self._trace(out)
                     dt = step_seconds(out.shape)
                     end = (last_end if last_end > now else now) + dt
-                    pending = sched.update_from_output(out, end, end - last_end, itl_e, itl_w,
+                    # (this batch's ITL samples join the recorder's when it returns, so the
+                    # per-step hook sees them last, as with synchronous stepping)
+                    b_e, b_w = [], []
+                    pending = sched.update_from_output(out, end, end - last_end, b_e, b_w,
                                                        defer=True)
                     last_end = end
                     self.busy_seconds += dt
-                    inflight.append((out, end, dt, pending))
+                    inflight.append((out, end, dt, pending, b_e, b_w))
                     if len(inflight) < 2:
                         continue
                 elif out.preempted and not inflight:
@@ -339,7 +372,7 @@ class Replica:
             if not inflight:
                 yield from self._idle()
                 continue
-            out, end, dt, pending = inflight.popleft()
+            out, end, dt, pending, b_e, b_w = inflight.popleft()
             if end > env.now:
                 yield env.timeout(end - env.now)
             now = env.now
@@ -350,6 +383,10 @@ class Replica:
             sched.cache_returned(out, pending)
             if pending:
                 pending = sched.finish_pending(pending, now)
+            if b_e:
+                itl_e.extend(b_e)
+            if b_w:
+                itl_w.extend(b_w)
             record(out, now, dt)
             for r in pending:
                 on_finish(r)
@@ -490,8 +527,12 @@ class Client:
                  num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
                  max_request_blocks: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 park_after: int | None = None, control: dict | None = None):
+                 park_after: int | None = None, control: dict | None = None,
+                 frontend=None):
         self.env = env
+        # API servers between client and engines (simulator/frontend.py): a sent request
+        # reaches an engine through frontend.submit → self._admit.
+        self.frontend = frontend
         self.specs = iter(specs)
         self.replicas = replicas
         self.rec = recorder
@@ -557,10 +598,15 @@ class Client:
 
     def _send(self, spec: RequestSpec) -> None:
         env = self.env
+        if self.control is not None:
+            self.control.sending(spec)
+        if self.frontend is not None:  # through the API servers (simulator/frontend.py),
+            self.num_sent += 1  # which call _arrive when it reaches the engine core
+            self.in_flight += 1
+            self.frontend.submit(spec, env.now)
+            return
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1
-        if self.control is not None:
-            self.control.sending(req)
         reason = self._reject_reason(req)
         if reason:
             req.error = reason
@@ -571,10 +617,32 @@ class Client:
         self.in_flight += 1
         if self.control is not None:
             self.control.sent(req)
+        self._admit(req)
+
+    def _arrive(self, req: Request) -> None:
+        """A request through the frontend reaches the engine core; vLLM's API server refuses
+        it just before (after tokenization), else it is admitted."""
+        reason = self._reject_reason(req)
+        if reason:
+            req.error = reason
+            req.status = RequestStatus.FINISHED_IGNORED
+            req.finish_time = self.env.now
+            self.on_finish(req)
+            return
+        if self.control is not None:
+            self.control.sent(req)
+        self._admit(req)
+
+    def _admit(self, req: Request) -> None:
+        """``req`` reaches the engine core(s): park it or route it to a replica."""
+        spec = req.spec
         parked = self.parked
         if parked is not None and (len(parked) or
                                    self.replicas[0].scheduler.num_waiting >= self.park_after):
-            parked.push(spec, env.now)
+            self._live.pop(req.index, None)
+            parked.push(spec, req.send_time)
+            if self.frontend is not None:
+                self.frontend.held.push(req)
             return
         self._live[req.index] = req
         if len(self.replicas) == 1:
@@ -609,6 +677,8 @@ class Client:
         while len(parked) and sched.num_waiting < self.park_after:
             spec, send = parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            if self.frontend is not None:
+                self.frontend.held.pop_into(req)
             self._live[req.index] = req
             replica.add_request(req)
 
@@ -651,6 +721,11 @@ class Client:
         every request of the workload has a row. Normally there is none."""
         while self.parked is not None and len(self.parked):
             spec, send = self.parked.pop()
+            req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            if self.frontend is not None:
+                self.frontend.held.pop_into(req)
+            self._live[req.index] = req
+        for spec, send in (self.frontend.drain() if self.frontend is not None else ()):
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             self._live[req.index] = req
         for req in sorted(self._live.values(), key=lambda r: r.index):

@@ -59,9 +59,21 @@ STEP_COLUMNS = (
 # Raw per-request fields the engine records (floats), then the three string fields.
 RAW_FIELDS = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
               "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",
-              "warmup", "attempts")
+              "warmup", "attempts",
+              "frontend_arrival_s", "tokenized_s", "queued_s", "engine_first_token_s",
+              "engine_finish_s", "first_token_iter_s", "finish_iter_s")
 # requests.csv columns of runs with a client control (stages, warm-up, timeouts), after the rest
 CLIENT_COLUMNS = ("stage", "warmup", "attempts")
+# Engine-side per-request columns (s), as vLLM's Prometheus histograms measure them:
+# engine_ttft_s  = vllm:time_to_first_token_seconds   (output handler's iteration timestamp of
+#                  the first token − the API server's arrival_time)
+# engine_e2el_s  = vllm:e2e_request_latency_seconds   (same, for the last token)
+# engine_tpot_s  = vllm:request_time_per_output_token_seconds (decode time / (outputs − 1))
+# queue_s        = vllm:request_queue_time_seconds    (first scheduled − queued in the engine)
+# prefill_s      = vllm:request_prefill_time_seconds  (first token − first scheduled, engine)
+# decode_s       = vllm:request_decode_time_seconds   (last token − first token, engine)
+# Without a frontend the engine times are the client's (arrival = queued = send).
+ENGINE_COLUMNS = ("engine_ttft_s", "engine_e2el_s", "engine_tpot_s", "prefill_s", "decode_s")
 RAW_STRINGS = ("request_id", "finished_reason", "error")
 COMPLETED_REASONS = ("stop", "length")
 
@@ -75,8 +87,9 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
                            client_columns: bool = False) -> dict[str, np.ndarray]:
     """Raw engine fields of some requests → the ``RunResult.requests`` columns.
 
-    TTFT = first token − send, E2EL = finish − send (NaN unless finished stop/length),
-    TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1, queue = first scheduled − send.
+    TTFT = first token − send, E2EL = finish − send (client-visible times; NaN unless
+    finished stop/length), TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1,
+    queue = first scheduled − queued in the engine; engine-side columns: ``ENGINE_COLUMNS``.
     Row-wise, so any window of rows gives the same values as the whole run. ``client_columns``
     adds ``stage`` (load stage index), ``warmup`` (bool: excluded from the metrics) and
     ``attempts`` (sends, > 1 after timeouts with retries) for runs that use them."""
@@ -88,6 +101,22 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
     e2el = np.where(ok, raw["finish_s"] - send, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(ok & (out > 1), (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    e_first = raw.get("engine_first_token_s")
+    if e_first is None:  # rows written before the frontend existed
+        n = len(send)
+        e_first = e_fin = it_first = it_fin = np.full(n, np.nan)
+        arrival = queued = send
+    else:
+        e_fin, it_first, it_fin = (raw["engine_finish_s"], raw["first_token_iter_s"],
+                                   raw["finish_iter_s"])
+        arrival, queued = raw["frontend_arrival_s"], raw["queued_s"]
+    e_first = np.where(np.isnan(e_first), raw["first_token_s"], e_first)
+    e_fin = np.where(np.isnan(e_fin), raw["finish_s"], e_fin)
+    it_first = np.where(np.isnan(it_first), raw["first_token_s"], it_first)
+    it_fin = np.where(np.isnan(it_fin), raw["finish_s"], it_fin)
+    decode = np.where(ok, e_fin - e_first, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e_tpot = np.where(ok & (out > 1), decode / np.maximum(out - 1, 1), np.nan)
     return {
         "request_id": raw["request_id"],
         "arrival_s": raw["arrival_s"],
@@ -100,11 +129,22 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2el_s": e2el,
-        "queue_s": raw["first_scheduled_s"] - send,
+        "queue_s": raw["first_scheduled_s"] - queued,
         "num_preemptions": raw["num_preemptions"].astype(np.int64),
         "finished_reason": reason,
         "send_s": send,
         "error": raw["error"],
+        "engine_ttft_s": np.where(ok, it_first - arrival, np.nan),
+        "engine_e2el_s": np.where(ok, it_fin - arrival, np.nan),
+        "engine_tpot_s": e_tpot,
+        "prefill_s": np.where(ok, e_first - raw["first_scheduled_s"], np.nan),
+        "decode_s": decode,
+        # the frontend's timestamps (TTFT breakdown, reports)
+        "frontend_arrival_s": arrival,
+        "tokenized_s": raw.get("tokenized_s", send),
+        "queued_s": queued,
+        "engine_first_token_s": e_first,
+        "first_token_iter_s": it_first,
     } | ({"stage": np.asarray(raw["stage"]).astype(np.int64),
           "warmup": np.asarray(raw["warmup"]) > 0,
           "attempts": np.asarray(raw["attempts"]).astype(np.int64)} if client_columns else {})
@@ -387,6 +427,8 @@ class RunResult:
     instances: list[tuple[str, RunResult]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    engine_itl: Distribution | None = None  # engine-side inter-token gaps (with a frontend)
+    frontend: dict[str, Any] = field(default_factory=dict)  # enable, params, provenance
 
     @property
     def num_requests(self) -> int:

@@ -67,6 +67,7 @@ class Request:
         "d_mark",
         "eos_after",
         "error",
+        "fe",
         "finish_time",
         "first_scheduled_time",
         "first_token_time",
@@ -110,8 +111,13 @@ class Request:
             self.max_tokens = max(max_model_len - self.prompt_len, 1)
             self.eos_after = int(spec.output_len)
         self.priority = spec.priority
-        self.arrival_time = send_time  # engine arrival == client send (no network model)
+        # vLLM's arrival_time (the API server's renderer starts; priority order): the client's
+        # send time unless a frontend (simulator/frontend.py) moves it later. ``fe``: the
+        # frontend's timestamps (``frontend.FE_*``), None without one; with one,
+        # first_token_time / finish_time are the client's.
+        self.arrival_time = send_time
         self.send_time = send_time
+        self.fe = None
         self.num_tokens = self.prompt_len
         self.num_computed_tokens = 0
         self.num_output_tokens = 0

@@ -11,6 +11,7 @@ import simpy
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
 from servesim.simulator.errors import ConfigError
+from servesim.simulator.frontend import Frontend, resolve_frontend
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
     LazyRequests,
@@ -31,14 +32,16 @@ PARK_AFTER_SEQS = 2
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                    progress: Callable[[int, int | None], None] | None = None,
-                   fast_path: bool = True, spool_dir: str | None = None) -> RunResult:
+                   fast_path: bool = True, spool_dir: str | None = None,
+                   cost_model=None) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
     ``progress(num_done, num_total)`` is called as requests end (``num_total`` may be None).
     Raises ``ConfigError`` / ``CapacityError`` (one-line, user-facing) before simulating when
     the config cannot run, as vLLM would fail at start-up. Runs of more than
     ``metrics.EXACT_REQUESTS`` requests spill per-request rows to ``spool_dir`` (default: a
-    temporary folder); ``RunResult.close()`` removes them.
+    temporary folder); ``RunResult.close()`` removes them. ``cost_model``: a prebuilt
+    ``StepCostModel`` for ``cfg`` (``simulate fit`` reuses one while varying its host terms).
     """
     from servesim.costmodels import build_cost_model, plan_memory
     from servesim.workloads import build_workload
@@ -70,7 +73,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     workload = build_workload(cfg.workload, block_size=block_size, max_model_len=mml)
     mem = plan_memory(cfg)
     num_gpu_blocks = mem.num_gpu_blocks
-    cost = build_cost_model(cfg)
+    cost = cost_model if cost_model is not None else build_cost_model(cfg)
     # speculative decoding / multi-LoRA (simulator/spec_decode.py, lora.py): the exact loop
     spec_cfg, lora_cfg = cfg.speculative_config, cfg.lora
     seed = int(getattr(cfg.workload, "seed", 0) or 0)
@@ -98,9 +101,16 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     spec_totals, lora_states = _step_columns(rec, spec_cfg, lora_cfg)
     replicas: list[Replica] = []
     client_box: list[Client] = []
-
-    def on_finish(req):
-        client_box[0].on_finish(req)
+    fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
+    frontend = None
+    if fe_params is not None:  # API servers between client and engines (frontend.py)
+        frontend = Frontend(env, fe_params, n_api, lambda r: client_box[0]._arrive(r),
+                            lambda r: client_box[0].on_finish(r), rec, max_model_len=mml)
+        rec.on_step = frontend.on_step
+        on_finish = frontend.on_engine_finish
+    else:
+        def on_finish(req):
+            client_box[0].on_finish(req)
 
     window = cost.spec.sliding_window
     window = window if window and window < mml else None  # a window ≥ max_model_len is moot
@@ -153,8 +163,13 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         max_request_blocks=mem.blocks_per_request,
                         max_concurrency=max_concurrency, on_progress=cb,
-                        park_after=park_after, control=control)
+                        park_after=park_after, control=control, frontend=frontend)
         client_box.append(client)
+        if frontend is not None:
+            # the client acts on a finish (a free concurrency slot, a stage barrier, a
+            # timeout watch) only when it sees it: after the step's output work
+            frontend.defer_finish = max_concurrency is not None or control is not None
+            frontend.admit, frontend.client_finish = client._arrive, client.on_finish
         env.run()
         client.finalize()
     wall = time.perf_counter() - t0
@@ -198,6 +213,11 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                     else max(counters.get(k, 0), v)
         counters["lora_adapters_seen"] = len(set().union(*(st.adapters_seen
                                                            for st in lora_states)))
+    fe_info: dict = {"enable": frontend is not None}
+    if frontend is not None:
+        counters["api_server_busy_seconds"] = sum(frontend.busy_seconds)
+        counters["tokenizer_batches"] = frontend.num_batches
+        fe_info.update(api_server_count=n_api, params=fe_params.as_dict(), provenance=fe_prov)
     meta = {k: v for k, v in workload.meta.items() if not k.startswith("_")}
     if client.control is not None:
         meta["stage_windows"] = client.control.stage_windows
@@ -209,7 +229,9 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      workload_meta=meta, capacity=mem.as_dict(),
                      request_log=log if log.spilled else None, itl_stream=itl_stream,
                      client_columns=client_cols,
-                     stage_itl=dict(rec.stage_itl) if rec.stage_itl else None)
+                     stage_itl=dict(rec.stage_itl) if rec.stage_itl else None,
+                     engine_itl=rec.engine_itl if frontend is not None else None,
+                     frontend=fe_info)
 
 
 def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:

@@ -80,6 +80,7 @@ class SchedulerOutput:
         "group_members",
         "num_group",
         "preempted",
+        "sampled",
         "sampling",
         "scheduled",
         "scheduled_at",
@@ -104,6 +105,8 @@ class SchedulerOutput:
         self.sampling: list[bool] | None = None
         self.scheduled_at: float | None = None  # engine time of the schedule() call
         self.seq = -1  # schedule() call number (set by _build_shape)
+        # Requests of ``scheduled`` that got a token, in row order (set by update_from_output)
+        self.sampled: list[Request] | None = None
         # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output)
         self.spec_decoding_stats = None
 
@@ -707,6 +710,7 @@ class Scheduler:
                 finished.append(req)
         spec = self.spec
         stats = spec.new_stats() if spec is not None else None
+        sampled = out.sampled = []
         for req, n, c in out.scheduled:
             req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
@@ -742,6 +746,7 @@ class Scheduler:
                 itl_explicit.append(now - req.last_token_time)
             req.prev_token_time = req.last_token_time
             req.last_token_time = now
+            sampled.append(req)
             if req.num_output_tokens >= target:
                 if defer:
                     req.stop_pending = status

@@ -295,6 +295,12 @@ def run_cluster(cfg, *, progress: Callable[[int, int | None], None] | None = Non
     from servesim.workloads import build_workload
 
     t0 = time.perf_counter()
+    if cfg.frontend.enable:
+        import warnings
+
+        warnings.warn("cluster runs model the router and each instance's engine but not yet "
+                      "the instances' API-server frontends: client-side TTFT and E2E leave out "
+                      "their terms (frontend.enable applies to single-engine runs)", stacklevel=2)
     cl, groups = _groups(cfg)
     router_factory = get_router(cl.router.policy)
     decode_factory = (get_router(cl.decode_router.policy, "cluster.decode_router.policy")

@@ -272,3 +272,30 @@ def test_sliding_window_caps_attention():
     m = model("model.name=mistral-7b-v0.1")
     assert m.step_seconds(decode(8, 4096)) == m.step_seconds(decode(8, 30000))
     assert m.step_seconds(prefill(512, 8000)) == m.step_seconds(prefill(512, 20000))
+
+
+def test_op_family_scales_keep_breakdown_and_hot_path_equal(tmp_path):
+    """``scales:`` (simulate fit --scales): one time factor per op family, in step_seconds and
+    in the breakdown alike, read from a calibration file."""
+    from servesim.costmodels import build_cost_model
+    from servesim.costmodels.batch import BatchShape
+    from servesim.simulator.config import load_config, resolve_config
+
+    cfg = resolve_config(load_config(None, ["hardware.calibration=none"]))
+    cm = build_cost_model(cfg)
+    b = BatchShape(num_decode=32, decode_context_sum=32 * 900, decode_context_max=1000,
+                   prefill_new_tokens=(512,), prefill_context=(0,), num_sampled=33)
+    base = cm.step_time(b)
+    cm.set_scales({"gemm": 1.5, "attention": 0.5})
+    scaled = cm.step_time(b)
+    assert abs(scaled.seconds - cm.step_seconds(b)) < 1e-12
+    by = {o.name: o.seconds for o in base.breakdown}
+    for o in scaled.breakdown:
+        fam = cm.op_family(o.name)
+        f = {"gemm": 1.5, "attention": 0.5}.get(fam, 1.0)
+        if o.bound != "host":
+            assert abs(o.seconds - f * by[o.name]) < 1e-12, o.name
+    cal = tmp_path / "s.yaml"
+    cal.write_text("version: 2\ngpu: a100-sxm4-80gb\nlayer_over: auto\nscales: {gemm: 1.5}\n")
+    cm2 = build_cost_model(resolve_config(load_config(None, [f"hardware.calibration={cal}"])))
+    assert cm2.scales == {"gemm": 1.5} and cm2.calibration.has("gemm")

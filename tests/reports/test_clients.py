@@ -106,7 +106,7 @@ def test_compare_with_a_guidellm_benchmarks_file(tmp_path):
                  "request_throughput"):
         assert word in r.output
     rows = (tmp_path / "cmp.csv").read_text().splitlines()
-    assert rows[0].endswith(",stage") and len(rows) == 1 + 2 * 15
+    assert rows[0].endswith(",stage,side") and len(rows) == 1 + 2 * 15
 
 
 def test_compare_refuses_mismatched_stage_counts(staged_run):
