@@ -29,6 +29,7 @@ from servesim.simulator.cluster.disagg import (
 )
 from servesim.simulator.cluster.offload import OffloadConnector
 from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.errors import ConfigError
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
     Distribution,
@@ -309,6 +310,12 @@ def run_cluster(cfg, *, progress: Callable[[int, int | None], None] | None = Non
     block_size = icfg0.cache.block_size
     mml = icfg0.model.max_model_len
     workload = build_workload(cfg.workload, block_size=block_size, max_model_len=mml)
+    from servesim.simulator.runner import _client_control
+
+    if _client_control(cfg, workload.meta) is not None:
+        raise ConfigError("cluster: load stages, warm-up and client timeouts (workload.stages, "
+                          "workload.warmup, client.*) are not modelled for cluster runs yet; "
+                          "run them on a single engine")
     seed = int(getattr(cfg.workload, "seed", 0) or 0)
 
     env = simpy.Environment()
