@@ -23,7 +23,16 @@ class BatchShape:
     - ``prefill_new_tokens[i]``: new tokens of prefill chunk i.
     - ``prefill_context[i]``: tokens already in the KV cache before chunk i (its offset: prefix
       hits plus earlier chunks); the chunk attends to those and causally to itself.
-    - ``num_sampled``: rows that sample a token this step (LM head and sampler rows).
+    - ``num_sampled``: rows that sample a token this step (LM head and sampler rows); with
+      speculative decoding every draft position of a decode row has logits too.
+
+    Speculative decoding (``costmodels/spec_decode.py``): a decode row may carry draft
+    tokens after its one new token (vLLM's ``scheduled_spec_decode_tokens``); their total is
+    ``num_spec_tokens`` (0 without spec decode), so decode rows hold ``num_decode +
+    num_spec_tokens`` query tokens. Multi-LoRA (``costmodels/lora.py``): ``num_loras``
+    distinct adapters serve ``lora_tokens`` of the scheduled tokens; ``lora_h2d_s`` /
+    ``lora_disk_s`` are this step's adapter loads (CPU→GPU copies on the GPU stream; disk
+    reads on the host), decided by the worker's LRU caches when the batch was scheduled.
     """
 
     num_decode: int = 0
@@ -32,10 +41,15 @@ class BatchShape:
     prefill_new_tokens: tuple[int, ...] = ()
     prefill_context: tuple[int, ...] = ()
     num_sampled: int = 0
+    num_spec_tokens: int = 0
+    num_loras: int = 0
+    lora_tokens: int = 0
+    lora_h2d_s: float = 0.0
+    lora_disk_s: float = 0.0
 
     @property
     def num_tokens(self) -> int:
-        return self.num_decode + sum(self.prefill_new_tokens)
+        return self.num_decode + self.num_spec_tokens + sum(self.prefill_new_tokens)
 
     @property
     def num_reqs(self) -> int:

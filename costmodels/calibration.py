@@ -56,19 +56,34 @@ def user_calibration_dir() -> Path:
 
 def calibration_paths(hw_cfg: HardwareConfig, spec: HardwareSpec) -> list[Path]:
     """Files ``hardware.calibration`` selects, highest precedence first ([]: defaults).
-    ``auto``: the user's measured file, then the shipped one (those that exist)."""
+    ``auto``: the user's measured file, then the shipped one (those that exist). A file with
+    ``layer_over: auto`` (what ``simulate fit`` writes) is followed by what ``auto`` selects,
+    so it need only hold what it changes."""
     sel = (hw_cfg.calibration or "auto").strip()
     if sel.lower() == "none":
         return []
     if sel.lower() == "auto":
-        found = []
-        for d in (user_calibration_dir(), configs_dir() / "calibration"):
-            p = next((d / f"{spec.name}{ext}" for ext in (".yaml", ".json")
-                      if (d / f"{spec.name}{ext}").is_file()), None)
-            if p is not None:
-                found.append(p)
-        return found
-    return [Path(sel).expanduser()]
+        return _auto_paths(spec)
+    p = Path(sel).expanduser()
+    paths = [p]
+    if p.is_file():
+        try:
+            layer = str(read_doc(p).get("layer_over", "")).strip().lower()
+        except (ConfigError, OSError):
+            return paths  # load_calibration reports the file
+        if layer == "auto":
+            paths += [q for q in _auto_paths(spec) if q.resolve() != p.resolve()]
+    return paths
+
+
+def _auto_paths(spec: HardwareSpec) -> list[Path]:
+    found = []
+    for d in (user_calibration_dir(), configs_dir() / "calibration"):
+        p = next((d / f"{spec.name}{ext}" for ext in (".yaml", ".json")
+                  if (d / f"{spec.name}{ext}").is_file()), None)
+        if p is not None:
+            found.append(p)
+    return found
 
 
 _doc_cache: dict[tuple, dict] = {}

@@ -100,6 +100,9 @@ class Calibration:
         self.memcpy_eff: float | None = None
         self.memcpy_source: str | None = None
         self.host: dict = {}
+        self.frontend: dict = {}  # API-server costs (simulator/frontend.py), like ``host``
+        self.frontend_source = ""
+        self.scales: dict = {}  # op family -> time factor (simulate fit --scales)
         for p, d in zip(paths, docs):
             self._add(p, d)
 
@@ -133,6 +136,17 @@ class Calibration:
         if not self.host and doc.get("host"):
             self.host = dict(doc["host"])
             self.host_source = path.name
+        if not self.scales and doc.get("scales"):
+            sc = doc["scales"]
+            if not isinstance(sc, dict) or not all(
+                    isinstance(v, (int, float)) and v > 0 for v in sc.values()):
+                raise ConfigError(f"{where}: scales: expected op family: positive factor")
+            self.scales = {str(k): float(v) for k, v in sc.items()}
+        if not self.frontend and doc.get("frontend"):
+            if not isinstance(doc["frontend"], dict):
+                raise ConfigError(f"{where}: frontend: expected a mapping of parameters")
+            self.frontend = dict(doc["frontend"])
+            self.frontend_source = path.name
 
     def _family(self, fam: Family, rows: list, where: str) -> tuple[dict[tuple, Table], set]:
         pts: dict[tuple, dict[tuple, list[tuple[float, float]]]] = defaultdict(

@@ -27,9 +27,10 @@ def _time(s: float) -> str:
 
 
 def make_batch(batch_size: int, context: int, prefill_tokens: int = 0,
-               prefill_context: int = 0):
+               prefill_context: int = 0, num_spec_tokens: int = 0):
     """``batch_size`` decode rows each attending ``context`` tokens, plus one prefill chunk of
-    ``prefill_tokens`` new tokens after ``prefill_context`` cached ones (it samples a token)."""
+    ``prefill_tokens`` new tokens after ``prefill_context`` cached ones (it samples a token).
+    With speculative decoding each decode row also verifies ``num_spec_tokens`` drafts."""
     from servesim.costmodels.batch import BatchShape
 
     pre = (prefill_tokens,) if prefill_tokens > 0 else ()
@@ -39,7 +40,8 @@ def make_batch(batch_size: int, context: int, prefill_tokens: int = 0,
         decode_context_max=context if batch_size else 0,
         prefill_new_tokens=pre,
         prefill_context=(prefill_context,) if pre else (),
-        num_sampled=batch_size + (1 if pre else 0),
+        num_sampled=batch_size * (1 + num_spec_tokens) + (1 if pre else 0),
+        num_spec_tokens=batch_size * num_spec_tokens,
     )
 
 
@@ -81,7 +83,9 @@ def estimate(
         model = build_cost_model(cfg)
     for w in caught:  # one line each on stderr
         typer.echo(f"warning: {w.message}", err=True)
-    batch = make_batch(batch_size, context, prefill_tokens, prefill_context)
+    sc = getattr(cfg, "speculative_config", None)  # decode rows verify k drafts each
+    k = sc.num_speculative_tokens if sc is not None else 0
+    batch = make_batch(batch_size, context, prefill_tokens, prefill_context, k)
     st = model.step_time(batch)
     if as_json:
         out = {
@@ -105,6 +109,7 @@ def estimate(
     title = (f"{spec.name} on {hw.name} · TP={model.tp} PP={model.pp} · weights "
              f"{model.weight_format.name} · KV {cfg.cache.cache_dtype} · "
              f"{batch.num_decode} decode @ {context} ctx"
+             + (f" (+{k} drafts each)" if k else "")
              + (f" + prefill {prefill_tokens} @ {prefill_context}" if prefill_tokens else "")
              + f" · cudagraph {st.cudagraph} (padded to {st.padded_batch}) · calibration {cal}")
     t = Table(title=title, title_justify="left")

@@ -92,6 +92,11 @@ class MemoryPlan:
     weight_format: str = "bf16"
     kv_cache_dtype: str = "auto"
     notes: list[str] = field(default_factory=list)
+    # speculative decoding's proposer (in weights_bytes / kv_bytes_per_token) and the LoRA
+    # slot buffers (in weights_bytes): costmodels/spec_decode.py, costmodels/lora.py
+    draft_weights_bytes: int = 0
+    draft_kv_bytes_per_token: int = 0
+    lora_bytes: int = 0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -124,7 +129,10 @@ class MemoryPlan:
         """The start-up log lines vLLM prints for this plan."""
         g = GIB
         lines = [
-            f"Model loading took {self.weights_bytes / g:.4f} GiB",
+            f"Model loading took {self.weights_bytes / g:.4f} GiB"
+            + (f" (speculative decoding proposer {self.draft_weights_bytes / g:.4f} GiB)"
+               if self.draft_weights_bytes else "")
+            + (f" (LoRA slots {self.lora_bytes / g:.4f} GiB)" if self.lora_bytes else ""),
             (f"Memory profiling: total_gpu_memory ({self.total_bytes / g:.2f}GiB) x "
             f"gpu_memory_utilization ({self.gpu_memory_utilization:.2f}) = "
             f"{self.requested_bytes / g:.2f}GiB; model weights take "
@@ -232,6 +240,9 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     total = hw.memory_bytes
     requested = int(total * util)
     weights = weight_bytes_per_rank(spec, wf, tp, pp)
+    kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
+    draft_w, draft_kv, lora_b = _extra_memory(cfg, spec, hw, wf, tp, kvb)
+    weights += draft_w + lora_b
     where = (f"{spec.name} on {hw.name} (tensor_parallel_size={tp}, "
              f"pipeline_parallel_size={pp})")
     if weights >= requested:
@@ -250,17 +261,18 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     if cfg.model.enforce_eager or comp.cudagraph_mode == "NONE":
         graphs = 0
     else:
+        scfg = getattr(cfg, "speculative_config", None)
         sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
-                              comp.cudagraph_capture_sizes)
+                              comp.cudagraph_capture_sizes,
+                              decode_query_len=1 + (scfg.num_speculative_tokens if scfg else 0))
         n_graphs = len(sizes) * (2 if comp.cudagraph_mode == "FULL_AND_PIECEWISE" else 1)
         graphs = n_graphs * co.cudagraph_bytes_per_graph + forward_activation_bytes(
             spec, sizes[-1], tp)
     available = requested - weights - act - non_torch - comm
     if co.cudagraph_in_kv_budget:
         available -= graphs
-    kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
     bs = cfg.cache.block_size
-    per_token = spec.kv_bytes_per_token(kvb, tp, pp)
+    per_token = spec.kv_bytes_per_token(kvb, tp, pp) + draft_kv
     block_bytes = bs * per_token
     if available <= 0:
         raise CapacityError(
@@ -271,11 +283,12 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             "initializing the engine."
         )
     computed = available // block_bytes
-    # tokens one request may hold: max_model_len (sliding window: window − 1 + step tokens)
-    req_tokens = mml
-    if spec.sliding_window:
-        req_tokens = min(mml, spec.sliding_window - 1 + toks)
-    per_req_blocks = -(-req_tokens // bs)
+    # blocks one request may hold: ceil(max_model_len / block_size); sliding window (vLLM
+    # SlidingWindowSpec.max_admission_blocks_per_request): ceil(min(window − 1 + step tokens,
+    # max_model_len) / block_size) + 1, the window need not start at a block boundary
+    per_req_blocks = -(-mml // bs)
+    if spec.sliding_window and spec.sliding_window < mml:
+        per_req_blocks = -(-min(mml, spec.sliding_window - 1 + toks) // bs) + 1
     needed = per_req_blocks * block_bytes
     if needed > available:
         est = (available // block_bytes) * bs
@@ -298,5 +311,27 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         num_gpu_blocks=override if override is not None else computed,
         num_gpu_blocks_computed=computed, num_gpu_blocks_override=override,
         max_model_len=mml, blocks_per_request=per_req_blocks, weight_format=wf.name,
-        kv_cache_dtype=cfg.cache.cache_dtype,
+        kv_cache_dtype=cfg.cache.cache_dtype, draft_weights_bytes=draft_w,
+        draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b,
     )
+
+
+def _extra_memory(cfg, spec: ModelSpec, hw: HardwareSpec, wf: WeightFormat, tp: int,
+                  kvb: float) -> tuple[int, int, int]:
+    """(proposer weights per rank, proposer KV bytes per token per rank, LoRA slot bytes per
+    rank): what ``speculative_config`` and ``lora`` add to the memory plan. vLLM loads the
+    drafter with the model and gives its attention layers KV in the same block tables; the
+    LoRA stacked buffers are allocated at model load (both before the KV cache is sized)."""
+    draft_w = draft_kv = lora_b = 0
+    scfg = getattr(cfg, "speculative_config", None)
+    if scfg is not None:
+        from servesim.costmodels.spec_decode import build_drafter, drafter_memory
+
+        draft_w, draft_kv = drafter_memory(build_drafter(scfg, spec, wf, hw), spec, tp, kvb)
+    lc = getattr(cfg, "lora", None)
+    if lc is not None and lc.enable_lora:
+        from servesim.costmodels.lora import slot_bytes_per_rank
+
+        lora_b = slot_bytes_per_rank(spec, lc.max_loras, lc.max_lora_rank, tp,
+                                     lc.target_modules, lc.fully_sharded_loras)
+    return draft_w, draft_kv, lora_b

@@ -142,19 +142,47 @@ def scheduler_defaults(hw: HardwareSpec) -> tuple[int, int]:
     return 256, 2048
 
 
+def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+                 max_model_len: int, enable_chunked_prefill: bool = True) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as vLLM's
+    ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` fills unset ones: the
+    hardware defaults (:func:`scheduler_defaults`); an unset token budget is at least
+    max_model_len without chunked prefill and at most max_num_seqs · max_model_len; an unset
+    max_num_seqs is at most the token budget."""
+    seq_default, tok_default = scheduler_defaults(hw)
+    seqs = max_num_seqs if max_num_seqs is not None else seq_default
+    toks = max_num_batched_tokens
+    if toks is None:
+        toks = tok_default
+        if not enable_chunked_prefill:
+            toks = max(max_model_len, toks)
+        toks = min(seqs * max_model_len, toks)
+    if max_num_seqs is None:
+        seqs = min(seqs, toks)
+    return seqs, toks
+
+
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                  max_capture: int | None = None, sizes: list[int] | None = None) -> list[int]:
-    """vLLM's CUDA-graph capture sizes (tokens): ``[1, 2, 4] + range(8, 256, 8) +
-    range(256, max + 1, 16)`` with max = min(2·max_num_seqs, 512), capped by
-    max_num_batched_tokens; or the configured list / maximum."""
+                  max_capture: int | None = None, sizes: list[int] | None = None,
+                  decode_query_len: int = 1) -> list[int]:
+    """vLLM's CUDA-graph capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``):
+    max = min(max_num_batched_tokens, max_cudagraph_capture_size or min(2 · max_num_seqs ·
+    decode_query_len, 512)); sizes ``[1, 2, 4] + range(8, min(max + 1, 256), 8) +
+    range(256, max + 1, 16)``, plus max_num_batched_tokens itself when it is ≤ max. A
+    configured list is only filtered by max_num_batched_tokens."""
     if sizes:
-        out = sorted({int(s) for s in sizes})
-        if max_capture:
-            out = [s for s in out if s <= max_capture]
-        return out
-    top = min(max_capture or min(2 * max_num_seqs, 512), max_num_batched_tokens)
-    ladder = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
-    return [s for s in ladder if s <= top] or [1]
+        return sorted({int(s) for s in sizes if s <= max_num_batched_tokens})
+    top = max_capture if max_capture is not None else min(
+        2 * max_num_seqs * decode_query_len, 512)
+    top = min(top, max_num_batched_tokens)
+    out = [i for i in (1, 2, 4) if i <= top]
+    if top >= 8:
+        out += range(8, min(top + 1, 256), 8)
+    if top >= 256:
+        out += range(256, top + 1, 16)
+    if max_num_batched_tokens <= top:
+        out.append(max_num_batched_tokens)
+    return sorted(set(out))
 
 
 def validate_parallel(spec: ModelSpec, tp: int, pp: int) -> None:
@@ -206,7 +234,7 @@ class StepCostModel:
                  cudagraph_sizes: list[int] | None = None, enforce_eager: bool = False,
                  calibration: Calibration | None = None,
                  efficiencies: Efficiencies = Efficiencies(),
-                 host: HostOverhead | None = None):
+                 host: HostOverhead | None = None, num_spec_tokens: int = 0):
         validate_parallel(spec, tp, pp)
         self.spec, self.hw, self.tp, self.pp = spec, hw, tp, pp
         self.weight_format = weight_format or WeightFormat("bf16", 2.0, "bf16")
@@ -221,6 +249,15 @@ class StepCostModel:
             calibration.host else HOST_DEFAULT
         self.async_scheduling = async_scheduling
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        # -- speculative decoding and multi-LoRA (costmodels/spec_decode.py, lora.py) ---------
+        # vLLM's GPUModelRunner.uniform_decode_query_len: a decode-only batch whose rows all
+        # carry 1 + k query tokens replays the FULL decode graph; any other decode batch is
+        # "mixed" (_is_uniform_decode).
+        self.uniform_decode_query_len = 1 + num_spec_tokens
+        # Per-step terms added to the forward: objects with ``__call__(batch) -> (gpu_s,
+        # host_s)`` (hot path) and ``ops(batch) -> list[OpCost]`` (breakdown): the spec-decode
+        # proposer, LoRA shrink/expand kernels and adapter loads.
+        self.step_extensions: tuple = ()
 
         # peaks (FLOP/s, bytes/s)
         self.peak = hw.peak_flops("bf16")
@@ -313,6 +350,8 @@ class StepCostModel:
         }
         self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
         self._dense_cache: dict[int, float] = {}
+        self.scales: dict[str, float] = {}  # op family -> time factor (set_scales)
+        self._attn_scale = 1.0
         self._head_cache: dict[int, float] = {}
 
     # -- structure helpers --------------------------------------------------------------------
@@ -440,12 +479,18 @@ class StepCostModel:
 
     def dense_ops(self, T: int) -> list[OpCost]:
         """All ops whose cost depends only on the (padded) token count ``T``, vLLM order."""
-        s, L, tp = self.spec, self.L, self.tp
-        h = s.hidden_size
+        h = self.spec.hidden_size
         ops: list[OpCost] = []
         if T <= 0:
             return ops
         ops.append(self._elementwise("embed_tokens", 1, 2 * T * h * ACT_BYTES, 1))
+        if self.scales:
+            return self._scaled(self._dense_ops(T, ops))
+        return self._dense_ops(T, ops)
+
+    def _dense_ops(self, T: int, ops: list[OpCost]) -> list[OpCost]:
+        s, L, tp = self.spec, self.L, self.tp
+        h = s.hidden_size
         ops.append(self._elementwise("input_layernorm", 2 * L + 1, 4 * T * h * ACT_BYTES,
                                      _K_NORM))
         merged: dict[str, OpCost] = {}
@@ -539,7 +584,38 @@ class StepCostModel:
             op = OpCost(op.name, op.count, op.seconds + g.seconds, op.flops, op.bytes + g.bytes,
                         op.bound, op.efficiency, op.provenance)
         sampler = self._elementwise("sampler", 1, 4 * s * V * 4, _K_SAMPLER)
-        return [op, sampler]
+        return self._scaled([op, sampler]) if self.scales else [op, sampler]
+
+    # -- one global time factor per op family (``scales:`` in a calibration file; simulate fit)
+
+    @staticmethod
+    def op_family(name: str) -> str:
+        """``gemm`` | ``attention`` | ``elementwise`` | ``comm`` | ``moe`` of an op name."""
+        if name == "attn":
+            return "attention"
+        if name == "experts":
+            return "moe"
+        if name in ("all_reduce", "pp_send_recv"):
+            return "comm"
+        if name.endswith("_proj") or name in ("lm_head", "router", "shared_experts"):
+            return "gemm"
+        return "elementwise"
+
+    def set_scales(self, scales: dict[str, float]) -> None:
+        """Multiply each op family's time by ``scales[family]`` (1 where absent)."""
+        self.scales = {k: float(v) for k, v in (scales or {}).items() if float(v) != 1.0}
+        self._attn_scale = self.scales.get("attention", 1.0)
+        self._dense_cache.clear()
+        self._head_cache.clear()
+
+    def _scaled(self, ops: list[OpCost]) -> list[OpCost]:
+        out = []
+        for op in ops:
+            f = self.scales.get(self.op_family(op.name), 1.0)
+            out.append(op if f == 1.0 else OpCost(op.name, op.count, op.seconds * f, op.flops,
+                                                  op.bytes, op.bound, op.efficiency / f,
+                                                  op.provenance + f"×{f:g}"))
+        return out
 
     def _head_seconds(self, s: int) -> float:
         t = 0.0
@@ -614,22 +690,34 @@ class StepCostModel:
     def runtime_mode(self, batch: BatchShape) -> tuple[int, int]:
         """(CUDA-graph mode, padded token count) vLLM would use for this batch."""
         pre = batch.prefill_new_tokens
-        T = batch.num_decode + (sum(pre) if pre else 0)
-        mode = self._mixed_mode if pre else self._decode_mode
+        nd, ns = batch.num_decode, batch.num_spec_tokens
+        T = nd + ns + (sum(pre) if pre else 0)
+        uniform = not pre and ns == nd * (self.uniform_decode_query_len - 1)
+        mode = self._decode_mode if uniform else self._mixed_mode
         if mode and 0 < T <= self._max_graph:
             return mode, self._pad[T]
         return NONE, T
 
+    def _spec_decode_attn(self, nd: int, ns: int, ctx: int, t: float) -> float:
+        """Decode attention ``t`` (nd rows of one query, Σ context ``ctx``) when the rows also
+        verify ``ns`` draft tokens (vLLM: one attention call, query length 1 + k per row):
+        the KV is read once, the q/o rows and KV writes grow by ``ns``, the FLOPs by the mean
+        query length (nd + ns) / nd."""
+        return max(t + ns * self._dBr, ctx * (nd + ns) / nd * self._dF)
+
     def step_seconds(self, batch: BatchShape) -> float:
         """Seconds of one engine step (O(1) in the number of running requests)."""
         nd = batch.num_decode
+        ns = batch.num_spec_tokens
         pre = batch.prefill_new_tokens
         if pre:
-            T = nd + sum(pre)
+            T = nd + ns + sum(pre)
             mode = self._mixed_mode
         else:
-            T = nd
-            mode = self._decode_mode
+            T = nd + ns
+            # spec decode: only uniform decode batches (every row 1 + k tokens) replay FULL
+            mode = self._decode_mode if ns == nd * (self.uniform_decode_query_len - 1) \
+                else self._mixed_mode
         if mode and 0 < T <= self._max_graph:
             Tp = self._pad[T]
         else:
@@ -638,21 +726,24 @@ class StepCostModel:
         gpu = self._dense_cache.get(Tp)
         if gpu is None:
             gpu = self._dense_seconds(Tp)
-        if T:
-            gpu += self._attn_fixed
+        att = self._attn_fixed if T else 0.0
         if nd:
             ctx = batch.decode_context_sum
             if self.window and ctx > nd * self.window:
                 ctx = nd * self.window
-            gpu += self._decode_attn(nd, ctx)
+            if ns:
+                att += self._spec_decode_attn(nd, ns, ctx, self._decode_attn(nd, ctx))
+            else:
+                att += self._decode_attn(nd, ctx)
         if pre:
             pc = batch.prefill_context
             if len(pc) != len(pre):
                 pc = tuple(pc) + (0,) * (len(pre) - len(pc))
             for c, p in zip(pre, pc):
-                gpu += self._prefill_attn(c, p)
+                att += self._prefill_attn(c, p)
             if self._attn_floor:
-                gpu -= self._attn_shared(nd, len(pre))
+                att -= self._attn_shared(nd, len(pre))
+        gpu += att * self._attn_scale
         launch = self._launch[mode]
         s = batch.num_sampled
         if s:
@@ -664,6 +755,10 @@ class StepCostModel:
         gpu = max(gpu, launch)
         ho = self.host
         host = ho.per_step_s + ho.per_request_s * (nd + len(pre)) + ho.per_token_s * T
+        for ext in self.step_extensions:  # spec-decode proposer, LoRA (see __init__)
+            g, h = ext(batch)
+            gpu += g
+            host += h
         if self.async_scheduling:
             return (max(host, gpu)) + ho.async_residual_s
         return gpu + host
@@ -690,10 +785,12 @@ class StepCostModel:
             ctx = batch.decode_context_sum
             if self.window and ctx > nd * self.window:
                 ctx = nd * self.window
-            attn_s += self._decode_attn(nd, ctx)
+            ns = batch.num_spec_tokens
+            t = self._decode_attn(nd, ctx)
+            attn_s += self._spec_decode_attn(nd, ns, ctx, t) if ns else t
             provs.add(self._decode_cal(nd, ctx)[1] if self._cal_dec else DEFAULT)
-            flops += L * ctx * self._dec_f1
-            nbytes += L * (ctx * self._dec_b1 + nd * self._dec_rb1)
+            flops += L * ctx * (nd + ns) / nd * self._dec_f1
+            nbytes += L * (ctx * self._dec_b1 + (nd + ns) * self._dec_rb1)
         pc = tuple(batch.prefill_context) + (0,) * (len(pre) - len(batch.prefill_context))
         for c, p in zip(pre, pc):
             attn_s += self._prefill_attn(c, p)
@@ -706,6 +803,7 @@ class StepCostModel:
             nbytes += L * (kv * self._pre_b1_kv + c * self._pre_rb1)
         if pre and self._attn_floor:
             attn_s -= self._attn_shared(nd, len(pre))
+        attn_s *= self._attn_scale
         if T:
             # one label: the least direct source among the parts
             prov = min(provs, key=lambda x: (x.startswith("calibration:"),
@@ -725,10 +823,19 @@ class StepCostModel:
         fwd = max(gpu, launch)
         ops.append(OpCost("kernel_launch", n_launch, fwd - gpu, 0.0, 0.0, "host", 1.0,
                           self.host_provenance))
-        ops.append(OpCost("host", 1, seconds - fwd, 0.0, 0.0, "host", 1.0,
+        # spec-decode proposer, LoRA kernels and adapter copies (GPU side; their host side,
+        # such as an n-gram proposer or a disk read, is in "host")
+        ext_gpu = ext_host = 0.0
+        for ext in self.step_extensions:
+            g, h = ext(batch)
+            ext_gpu += g
+            ext_host += h
+            ops.extend(ext.ops(batch))
+        ops.append(OpCost("host", 1, seconds - fwd - ext_gpu, 0.0, 0.0, "host", 1.0,
                           self.host_provenance))
         ho = self.host
-        host = ho.per_step_s + ho.per_request_s * batch.num_reqs + ho.per_token_s * T
+        host = ho.per_step_s + ho.per_request_s * batch.num_reqs + ho.per_token_s * T + ext_host
+        fwd += ext_gpu
         return StepCost(seconds=seconds, breakdown=ops, gpu_seconds=fwd, host_seconds=host,
                         padded_batch=Tp, cudagraph=_MODE_NAMES[mode])
 
@@ -769,11 +876,10 @@ class StepCostModel:
 def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
     """(max_num_seqs, max_num_batched_tokens, max_model_len), filling vLLM defaults when the
     config has not been through ``resolve_config`` yet."""
-    seqs, toks = scheduler_defaults(hw)
     sc = cfg.scheduler
-    seqs = sc.max_num_seqs or seqs
-    toks = sc.max_num_batched_tokens or toks
     mml = cfg.model.max_model_len or spec.max_position_embeddings
+    seqs, toks = batch_limits(hw, sc.max_num_seqs, sc.max_num_batched_tokens, mml,
+                              sc.enable_chunked_prefill)
     return seqs, toks, mml
 
 
@@ -787,10 +893,17 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
     validate_parallel(spec, tp, pp)
     seqs, toks, _ = _resolved(cfg, hw, spec)
     comp = cfg.compilation
+    # speculative decoding / LoRA: costmodels/spec_decode.py, costmodels/lora.py
+    scfg = getattr(cfg, "speculative_config", None)
+    k = scfg.num_speculative_tokens if scfg is not None else 0
     sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
-                          comp.cudagraph_capture_sizes)
+                          comp.cudagraph_capture_sizes, decode_query_len=1 + k)
+    if k and comp.cudagraph_mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
+
+        sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k, sizes[-1] if sizes else 0)
     cal = load_calibration(cfg.hardware, hw)
-    return StepCostModel(
+    model = StepCostModel(
         spec, hw, tp=tp, pp=pp,
         weight_format=resolve_weight_format(cfg.model, spec, hw),
         kv_dtype_bytes=kv_cache_dtype_bytes(cfg.cache.cache_dtype),
@@ -798,8 +911,19 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
         async_scheduling=cfg.scheduler.async_scheduling,
         cudagraph_mode=comp.cudagraph_mode, cudagraph_sizes=sizes,
         enforce_eager=cfg.model.enforce_eager, calibration=cal,
-        efficiencies=efficiencies or Efficiencies(), host=host,
+        efficiencies=efficiencies or Efficiencies(), host=host, num_spec_tokens=k,
     )
+    if scfg is not None:
+        from servesim.costmodels.spec_decode import attach_proposer
+
+        attach_proposer(model, cfg)
+    if getattr(getattr(cfg, "lora", None), "enable_lora", False):
+        from servesim.costmodels.lora import attach_lora
+
+        attach_lora(model, cfg)
+    if cal is not None and cal.scales:
+        model.set_scales(cal.scales)
+    return model
 
 
 __all__ = [

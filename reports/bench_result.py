@@ -38,6 +38,14 @@ servesim file sees what the default ``vllm bench serve`` writes):
   requests (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
   per request come from ``result.request_itls`` when the engine provides it, else ``null``.
 
+Speculative decoding: vLLM's ``spec_decode_*`` keys (:data:`SPEC_DECODE_KEYS`) after ``rtfx``
+as ``vllm bench serve`` writes them from the server's counters (acceptance rate in %,
+acceptance length = 1 + accepted / drafts), and extras ``speculative_method``,
+``num_speculative_tokens``, ``spec_decode_mean_accepted_length`` (= the acceptance length:
+tokens per verification step, bonus included) and ``spec_decode_mean_accepted_tokens``
+(accepted drafts per step). LoRA extras: ``max_loras``, ``max_cpu_loras``, adapters seen, the
+most adapters in one batch, GPU-slot hits and loads from CPU / disk.
+
 Extras after vLLM's keys: see :data:`EXTRA_KEYS`. ``wall_seconds`` and ``sim_speed`` are host
 timings (:data:`VOLATILE_KEYS`); ``write_run`` keeps them out of ``result.json``.
 """
@@ -99,16 +107,52 @@ VLLM_BENCH_KEYS: list[str] = [
     *(k for m in ("ttft", "tpot", "itl", "e2el") for k in _metric_keys(m, [99.0])),
 ]  # fmt: skip
 RAMP_UP_KEYS = ["ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"]
+# vLLM's speculative-decoding keys (written after rtfx when the server reports drafts)
+SPEC_DECODE_KEYS = [
+    "spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
+    "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+    "spec_decode_per_position_acceptance_rates",
+]  # fmt: skip
 DETAILED_KEYS = [
     "input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors",
 ]  # fmt: skip
 # servesim's own keys, written after vLLM's
 EXTRA_KEYS = [
     "simulated", "servesim_version", "config_hash", "seed", "dataset_name", "gpu", "num_gpus",
+    # runs with stages / warm-up / timeouts: failures by reason, warm-up rows left out, stages
+    "failed_reasons", "num_warmup_requests", "stages",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "num_gpu_blocks",
     "num_preemptions", "prefix_cache_hit_rate", "prefix_cache_queries", "prefix_cache_hits",
-    "num_steps", "wall_seconds", "sim_speed",
+    "num_steps", "frontend", "ttft_breakdown_ms", "engine_metrics",
+    "wall_seconds", "sim_speed",
 ]  # fmt: skip
+# Engine-side latencies (extras ``<stat>_engine_<metric>_ms`` in result.json, with
+# ``engine_metrics``: metric → Prometheus name), as vLLM's Prometheus histograms measure them
+# (``simulator/metrics.py`` ENGINE_COLUMNS; the server's view, not the client's); exact or
+# DDSketch percentiles by the same rule as the client's: metric → (requests column, name)
+ENGINE_METRICS = {
+    "ttft": ("engine_ttft_s", "vllm:time_to_first_token_seconds"),
+    "tpot": ("engine_tpot_s", "vllm:request_time_per_output_token_seconds"),
+    "itl": (None, "vllm:inter_token_latency_seconds"),
+    "e2el": ("engine_e2el_s", "vllm:e2e_request_latency_seconds"),
+    "queue_time": ("queue_s", "vllm:request_queue_time_seconds"),
+    "prefill_time": ("prefill_s", "vllm:request_prefill_time_seconds"),
+    "decode_time": ("decode_s", "vllm:request_decode_time_seconds"),
+}
+# Client TTFT = the sum of these per-request terms (``ttft_breakdown_ms``: means over the
+# completed requests, ms): term → (end column, start column, what)
+TTFT_TERMS = (
+    ("api_server", "frontend_arrival_s", "send_s",
+     "API server asyncio thread: queue + request work (HTTP, validation)"),
+    ("tokenizer", "tokenized_s", "frontend_arrival_s",
+     "tokenizer thread: micro-batch window + queue + tokenization"),
+    ("ipc_in", "queued_s", "tokenized_s", "API server -> engine core hop"),
+    ("engine_queue", "first_scheduled_s", "queued_s", "engine waiting queue"),
+    ("engine_prefill", "engine_first_token_s", "first_scheduled_s",
+     "engine: first scheduled -> first token (prefill steps)"),
+    ("output", "first_token_s", "engine_first_token_s",
+     "engine core -> API server hop + output queue + detokenize/SSE"),
+)
 # host-timing facts: not reproducible, kept out of result.json by write_run
 VOLATILE_KEYS = ("wall_seconds", "sim_speed")
 
@@ -345,6 +389,23 @@ _ALWAYS = {
 
 
 def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
+    """See :func:`_bench`; for runs with load stages or warm-up (``result.client_columns``)
+    the metrics leave warm-up requests out and ``stages`` lists each stage's metrics (see
+    :func:`stage_results`)."""
+    view = measured_view(result)
+    if view is result:
+        return _bench(result, date=date)
+    bench = _bench(view, date=date)
+    stages = stage_results(result)
+    if stages:
+        bench["stages"] = stages
+    n_warm = view.num_warmup
+    if n_warm:
+        bench["num_warmup_requests"] = n_warm
+    return bench
+
+
+def _bench(result: RunResult, *, date: str | None = None) -> dict:
     """The ``vllm bench serve --save-result`` dict of a run, plus servesim's extras.
 
     ``date``: "%Y%m%d-%H%M%S" (default: UTC now). Latencies in ms, per-request arrays in s,
@@ -372,14 +433,22 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     streamed = result.streamed
 
     series = {m: Distribution() for m, _, _ in METRIC_INFO if m != "itl"}
+    engine = {m: Distribution() for m, (col, _) in ENGINE_METRICS.items() if col}
+    breakdown = {t[0]: 0 for t in TTFT_TERMS}  # ns
+    has_engine = False
     n = completed = total_input = total_output = good = 0
     t0 = math.inf
     lists: dict[str, list] = {k: [] for k in (*_DETAILED, *_ALWAYS)}
     sends, finishes, firsts = [], [], []
+    reasons_count: dict[str, int] = {}
     for req in result.iter_requests():
         w = _Window(req)
         done = w.done
         n += w.n
+        if not done.all():
+            r, c = np.unique(w.reasons[~done], return_counts=True)
+            for a, b in zip(r.tolist(), c.tolist()):
+                reasons_count[a] = reasons_count.get(a, 0) + b
         completed += int(done.sum())
         ttfts = w.ttft_all[done]
         e2els = w.e2el_all[done]
@@ -395,6 +464,18 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
             for name, limit in slo_s:
                 ok &= limit >= {"ttft": ttfts, "tpot": all_tpots, "e2el": e2els}[name]
             good += int(ok.sum())
+        if "engine_ttft_s" in req:
+            has_engine = True
+            for m, dist in engine.items():
+                v = np.asarray(req[ENGINE_METRICS[m][0]], dtype=float)[done]
+                dist.add(v[np.isfinite(v)])
+            for name, end, start, _ in TTFT_TERMS:
+                d = (np.asarray(req[end], dtype=float)[done]
+                     - np.asarray(req[start], dtype=float)[done])
+                # whole nanoseconds, summed exactly: the same total however the rows are
+                # windowed (streamed runs)
+                ns = np.rint(np.nan_to_num(d) * 1e9).astype(np.int64)
+                breakdown[name] += int(ns.sum())
         cq = w.client_queue[done]
         for m, v in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els),
                      ("client_queue_time", cq), ("e2el_including_client_queue", None)):
@@ -454,6 +535,7 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         output_throughput=per_s(total_output),
         total_token_throughput=per_s(total_input + total_output),
     )
+    failed_reasons = {k: reasons_count[k] for k in sorted(reasons_count)}
     if save_detailed:
         itls = getattr(result, "request_itls", None)
         bench.update(
@@ -479,8 +561,23 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     bench["max_concurrent_requests"] = _max_concurrent(starts, ends, presorted=True)
     del starts, ends
     bench["rtfx"] = 0.0
+    counters0 = result.counters or {}
+    if counters0.get("spec_decode_num_draft_tokens"):  # vllm bench: only when drafts > 0
+        drafts = counters0["spec_decode_num_drafts"]
+        accepted = counters0["spec_decode_num_accepted_tokens"]
+        bench.update(
+            spec_decode_acceptance_rate=100.0 * accepted
+            / counters0["spec_decode_num_draft_tokens"],
+            spec_decode_acceptance_length=1 + accepted / drafts if drafts else 0.0,
+            spec_decode_num_drafts=int(drafts),
+            spec_decode_draft_tokens=int(counters0["spec_decode_num_draft_tokens"]),
+            spec_decode_accepted_tokens=int(accepted),
+            spec_decode_per_position_acceptance_rates=[
+                v / drafts for v in counters0["spec_decode_num_accepted_tokens_per_pos"]],
+        )
 
     approximate = []
+    bench_itl: dict = {}
     for metric, _, _ in METRIC_INFO:
         if metric not in selected:
             continue
@@ -490,6 +587,7 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
                 approximate.append(metric)
             else:
                 st = _itl_stats(result.itl_values, result.itl_counts, percentiles)
+            bench_itl = st
         elif series[metric].exact:
             st = _stats(series[metric].values(), percentiles)
         else:
@@ -533,6 +631,49 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
         prefix_cache_hits=hits,
         num_steps=counter("num_steps"),
     )
+    if getattr(result, "client_columns", False) or isinstance(result, _View):
+        bench["failed_reasons"] = failed_reasons
+    if getattr(result, "extras", None):  # cluster runs: num_gpus, tiers, router, instances
+        bench.update(result.extras)
+    sc = getattr(cfg, "speculative_config", None)
+    if sc is not None:  # speculative decoding extras (vLLM's keys are above, after rtfx)
+        length = bench.get("spec_decode_acceptance_length")
+        bench.update(
+            speculative_method=sc.method,
+            num_speculative_tokens=sc.num_speculative_tokens,
+            # tokens per verification step, bonus token included (= vLLM's acceptance
+            # length, (1 - α^(k+1)) / (1 - α) for geometric α), and drafts accepted per step
+            spec_decode_mean_accepted_length=length,
+            spec_decode_mean_accepted_tokens=None if length is None else length - 1.0,
+        )
+    lc = getattr(cfg, "lora", None)
+    if lc is not None and lc.enable_lora:
+        bench.update(max_loras=lc.max_loras, max_cpu_loras=lc.max_cpu_loras,
+                     **{k: counter(k) for k in (
+                         "lora_adapters_seen", "lora_max_active_adapters", "lora_slot_hits",
+                         "lora_loads_from_cpu", "lora_loads_from_disk")})
+    fe = getattr(result, "frontend", None) or {}
+    if fe:
+        bench["frontend"] = fe
+    if has_engine:
+        bench["ttft_breakdown_ms"] = {
+            k: (v / completed / 1e6 if completed else 0.0) for k, v in breakdown.items()}
+        bench["engine_metrics"] = {m: prom for m, (_, prom) in ENGINE_METRICS.items()}
+        for m in ENGINE_METRICS:
+            if m == "itl":
+                eitl = getattr(result, "engine_itl", None)
+                if eitl is None:  # no frontend: the engine's gaps are the client's
+                    st = bench_itl
+                elif eitl.exact:
+                    st = _itl_stats(*eitl.exact_sample(), percentiles)
+                else:
+                    st = _sketch_stats(eitl, percentiles)
+            elif engine[m].exact:
+                st = _stats(engine[m].values(), percentiles)
+            else:
+                st = _sketch_stats(engine[m], percentiles)
+            for k, v in st.items():  # like the client's keys: mean_engine_ttft_ms, ...
+                bench[f"{k}_engine_{m}_ms"] = _num(v)
     if approximate:
         bench["approximate_percentiles"] = {
             "metrics": approximate, "method": "ddsketch",
@@ -562,3 +703,140 @@ def metrics_in(bench: dict) -> list[tuple[str, str, str, list[str]]]:
         words = [m.group(1) for k in bench if (m := pat.match(k))]
         found.append((metric, label, header, words))
     return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages and warm-up (runs with a client control, ``simulator/client_control.py``)
+
+# keys of each ``stages`` entry, after ``stage``, ``label``, ``warmup``: vLLM's aggregate keys
+STAGE_KEYS = (
+    "request_rate", "max_concurrency", "num_prompts", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "max_concurrent_requests",
+)
+
+
+class _View:
+    """A :class:`RunResult` restricted to some requests: the measured (non-warm-up) ones, or
+    one stage's. Metrics over it follow vLLM's definitions, except that ``duration`` runs from
+    the first send of its requests (not from the benchmark start) to the last completion."""
+
+    def __init__(self, parent: RunResult, keep, itl: Distribution | None, meta: dict):
+        self.parent = parent
+        self.keep = keep
+        self.config = parent.config
+        self.counters = parent.counters
+        self.capacity = parent.capacity
+        self.workload_meta = {**(parent.workload_meta or {}), **meta}
+        self.streamed = parent.streamed
+        self.request_log = None
+        if itl is None:
+            self.itl_values, self.itl_counts = parent.itl_values, parent.itl_counts
+            self.itl_stream = parent.itl_stream
+        elif itl.exact:
+            self.itl_values, self.itl_counts = itl.exact_sample()
+            self.itl_stream = None
+        else:
+            self.itl_values, self.itl_counts, self.itl_stream = np.zeros(0), np.zeros(0), itl
+        n = t0 = 0
+        t0, t1, warm = math.inf, -math.inf, 0
+        for w in parent.iter_requests():
+            m = keep(w)
+            if "warmup" in w:
+                warm += int(np.asarray(w["warmup"], dtype=bool).sum())
+            n += int(m.sum())
+            send = np.asarray(w["send_s"], dtype=float)[m]
+            send = send[np.isfinite(send)]
+            if len(send):
+                t0 = min(t0, float(send.min()))
+            fin = np.asarray(w["finish_s"], dtype=float)[m]
+            fin = fin[np.isfinite(fin)]
+            if len(fin):
+                t1 = max(t1, float(fin.max()))
+        self.num_requests, self.num_warmup = n, warm
+        self.t0 = t0 if math.isfinite(t0) else 0.0
+        self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
+        steps = parent.steps or {}
+        if "time_s" in steps and len(steps["time_s"]):
+            tt = np.asarray(steps["time_s"], dtype=float)
+            sel = (tt >= self.t0) & (tt <= (t1 if math.isfinite(t1) else self.t0))
+            self.steps = {k: np.asarray(v)[sel] for k, v in steps.items()}
+        else:
+            self.steps = steps
+
+    def iter_requests(self, rows: int | None = None):
+        for w in self.parent.iter_requests(rows):
+            m = self.keep(w)
+            yield {k: np.asarray(v)[m] for k, v in w.items()}
+
+
+def _not_warmup(w: dict) -> np.ndarray:
+    return ~np.asarray(w["warmup"], dtype=bool)
+
+
+def _merged_itl(dists: list) -> Distribution | None:
+    """One Distribution of several exact ones (None if any is sketched or none given)."""
+    if not dists or any(not d.exact for d in dists):
+        return None
+    out = Distribution()
+    for d in dists:
+        v, c = d.exact_sample()
+        if len(v):
+            out.add(v, c)
+    return out
+
+
+def measured_view(result: RunResult):
+    """``result`` itself for plain runs (and runs with timeouts only), else the view of its
+    non-warm-up requests; ITL from the samples of the non-warm-up stages."""
+    if not getattr(result, "client_columns", False):
+        return result
+    meta = result.workload_meta or {}
+    plan = meta.get("stages") or []
+    if not plan and not meta.get("warmup"):
+        return result
+    itl = None
+    stage_itl = getattr(result, "stage_itl", None) or {}
+    if plan and any(st["warmup"] for st in plan):
+        itl = _merged_itl([d for k, d in sorted(stage_itl.items())
+                           if k < len(plan) and not plan[k]["warmup"]])
+    view = _View(result, _not_warmup, itl, {})
+    view.workload_meta["num_prompts"] = view.num_requests
+    return view
+
+
+def stage_results(result: RunResult) -> list[dict]:
+    """One dict per load stage: ``stage``, ``label``, ``warmup``, then vLLM's aggregate keys
+    (:data:`STAGE_KEYS`), ``failed_reasons`` and the latency metric keys
+    (``mean_ttft_ms``, ...), computed as for the whole run over the stage's non-warm-up
+    requests (all of them for a warm-up stage), ITL from the samples emitted during the
+    stage, ``duration`` from the stage's first send to its last completion."""
+    meta = result.workload_meta or {}
+    plan = meta.get("stages") or []
+    stage_itl = getattr(result, "stage_itl", None) or {}
+    out = []
+    for st in plan:
+        k = st["index"]
+        if st["warmup"]:
+            def keep(w, k=k):
+                return np.asarray(w["stage"]) == k
+        else:
+            def keep(w, k=k):
+                return (np.asarray(w["stage"]) == k) & ~np.asarray(w["warmup"], dtype=bool)
+        rate = st["rate"]
+        view = _View(result, keep, stage_itl.get(k) or Distribution(),
+                     {"request_rate": math.inf if rate is None else rate,
+                      "max_concurrency": st["concurrency"], "num_prompts": None,
+                      "ramp_up_strategy": None})
+        view.workload_meta["num_prompts"] = view.num_requests
+        b = _bench(view, date="-")
+        row: dict = {"stage": k, "label": st["label"], "warmup": st["warmup"]}
+        for key in STAGE_KEYS:
+            row[key] = b.get(key)
+        row["failed_reasons"] = b.get("failed_reasons", {})
+        for key, v in b.items():
+            if key.endswith("_ms") and (key.startswith(("mean_", "median_", "std_", "p"))):
+                row[key] = v
+        out.append(row)
+    return out

@@ -36,8 +36,13 @@ def register(app: typer.Typer) -> None:
                                                     "table as CSV.")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON instead "
                                               "of a table.")] = False,
+        itl_scale: Annotated[float, typer.Option("--itl-scale", help="Multiply measured ITL "
+                                                 "(2 for inference-perf files with SSE-line "
+                                                 "timestamps).")] = 1.0,
     ) -> None:
-        """Per-metric error of the simulation against measured vllm bench results."""
+        """Per-metric error of the simulation against measured results: vllm bench serve
+        JSONs, inference-perf report folders / stage files, GuideLLM benchmarks.json, AIPerf
+        and genai-perf profile exports (staged runs are compared stage by stage)."""
         import json
         import math
 
@@ -48,7 +53,7 @@ def register(app: typer.Typer) -> None:
 
         if len(files) < 2:
             raise ServesimError("compare: give a simulated and at least one measured JSON")
-        rows = compare_files(files)
+        rows = compare_files(files, itl_scale=itl_scale)
         if output is not None:
             write_csv(rows, output)
         if as_json:

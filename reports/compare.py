@@ -6,10 +6,26 @@ Inputs are vLLM bench result files: simulated ones (servesim ``result.json``, re
 file is paired with the simulated file of the same ``request_rate`` (``inf`` matches ``inf``;
 otherwise the nearest rate within 1%).
 
+Measured results of other clients are read too (``reports/clients.py``, conversions there):
+an inference-perf report folder or ``stage_<k>_lifecycle_metrics.json`` (one measurement per
+stage), a GuideLLM ``benchmarks.json`` (one per benchmark), an AIPerf / genai-perf
+``profile_export_*.json``. A staged simulation (``stages`` in its result.json) is compared
+stage by stage: measured stage / benchmark k against the simulation's k-th non-warm-up stage;
+a measurement of a whole run against the simulation's totals. ``itl_scale`` multiplies the
+measured ITL (2 for inference-perf files with SSE-line timestamps).
+
 Per metric: ``sim``, ``measured``, ``error = sim − measured``, ``abs_error = |error|`` (ms for
 latencies, per s for throughputs) and ``rel_error_pct = 100 · error / measured`` (signed:
 positive means the simulator over-predicts). A metric missing on either side is reported with
 ``status`` ``missing in sim`` / ``missing in measured``, never an error.
+
+Client side vs engine side (``side`` column): the vllm bench metrics are what the client saw
+(HTTP, tokenization, the API server, the engine, the SSE stream). When both files also carry
+engine-side latencies, as vLLM's Prometheus histograms measure them (``mean_engine_ttft_ms``-
+style keys: servesim writes them; for a real server, take them from ``/metrics``), those are
+compared in their own rows (``side`` = ``engine``:
+``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``, ...), so a gap
+can be placed in front of or inside the engine.
 """
 
 from __future__ import annotations
@@ -28,8 +44,17 @@ COMPARE_METRICS = (
     "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
     "request_throughput", "output_throughput", "total_token_throughput",
 )
+ENGINE_COMPARE = tuple(f"{s}_engine_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el",
+                                                        "queue_time", "prefill_time")
+                       for s in ("mean", "median", "p99"))
 COMPARE_COLUMNS = ("request_rate", "sim_file", "measured_file", "metric", "sim", "measured",
-                   "error", "abs_error", "rel_error_pct", "status")
+                   "error", "abs_error", "rel_error_pct", "status", "stage", "side")
+
+
+def engine_value(d: dict, key: str) -> float:
+    """An engine-side value ``<stat>_engine_<metric>_ms`` of a result (servesim writes them;
+    for a real server, add them from a scrape of ``/metrics``)."""
+    return _num(d.get(key))
 
 
 def load_result(path: str | Path) -> dict:
@@ -105,11 +130,21 @@ def compare_pair(sim: dict, meas: dict, metrics: tuple[str, ...] = COMPARE_METRI
     """One row per metric (see module docstring)."""
     rows = []
     rate = meas.get("request_rate", sim.get("request_rate"))
-    for k in metrics:
-        s, m = _num(sim.get(k)), _num(meas.get(k))
+    stage = meas.get("label") if meas.get("stage") is not None else sim.get("label", "")
+    engine = [k for k in ENGINE_COMPARE if metrics is COMPARE_METRICS]
+    if not (any(math.isfinite(engine_value(sim, k)) for k in engine)
+            and any(math.isfinite(engine_value(meas, k)) for k in engine)):
+        engine = []  # engine side only when both files have it
+    for k in (*metrics, *engine):
+        side = "engine" if k in ENGINE_COMPARE else "client"
+        if side == "engine":
+            s, m = engine_value(sim, k), engine_value(meas, k)
+        else:
+            s, m = _num(sim.get(k)), _num(meas.get(k))
         row = {"request_rate": rate, "sim_file": sim.get("_file", ""),
-               "measured_file": meas.get("_file", ""), "metric": k, "sim": s, "measured": m,
-               "error": math.nan, "abs_error": math.nan, "rel_error_pct": math.nan}
+               "measured_file": meas.get("_file", ""), "side": side, "metric": k, "sim": s,
+               "measured": m, "error": math.nan, "abs_error": math.nan,
+               "rel_error_pct": math.nan, "stage": stage or ""}
         if math.isnan(s) and math.isnan(m):
             row["status"] = "missing in both"
         elif math.isnan(s):
@@ -124,15 +159,61 @@ def compare_pair(sim: dict, meas: dict, metrics: tuple[str, ...] = COMPARE_METRI
     return rows
 
 
-def compare_files(paths: list[str | Path]) -> list[dict]:
+def _sim_stages(sim: dict) -> list[dict]:
+    """The measured (non-warm-up) stages of a staged simulation as compare documents."""
+    out = []
+    for st in sim.get("stages") or []:
+        if st.get("warmup"):
+            continue
+        d = dict(st)
+        d["_file"] = f"{sim.get('_file', '')}#stage{st.get('stage')}"
+        out.append(d)
+    return out
+
+
+def compare_files(paths: list[str | Path], *, itl_scale: float = 1.0) -> list[dict]:
     """Load every file, split simulated/measured, pair them and compare."""
-    docs = [load_result(p) for p in paths]
+    from servesim.reports.clients import detect_result, load_measured
+
+    docs, client_docs = [], []
+    for p in paths:
+        if detect_result(p) is not None:
+            client_docs.extend(load_measured(p, itl_scale=itl_scale))
+        else:
+            docs.append(load_result(p))
     sims = [d for d in docs if is_simulated(d)]
     meas = [d for d in docs if not is_simulated(d)]
-    if not sims and len(docs) >= 2:  # nothing flagged: the first file is the simulation
+    if not sims and len(docs) >= 2 and not client_docs:  # nothing flagged: the first is the sim
         sims, meas = docs[:1], docs[1:]
+    if itl_scale != 1.0:
+        for m in meas:
+            for k in ("mean_itl_ms", "median_itl_ms", "p99_itl_ms"):
+                if isinstance(m.get(k), (int, float)):
+                    m[k] = m[k] * itl_scale
+    pairs = []
+    if client_docs:
+        if len(sims) != 1:
+            raise ServesimError("compare: give one simulated result.json with a client's "
+                                "result (inference-perf, GuideLLM, AIPerf)")
+        sim = sims[0]
+        stages = _sim_stages(sim)
+        staged = [m for m in client_docs if m.get("stage") is not None]
+        if staged and stages:
+            idx = [m["stage"] for m in staged]
+            if len(set(idx)) != len(idx) or max(idx) >= len(stages):
+                raise ServesimError(
+                    f"{staged[0]['_file']}: {len(staged)} measured stages, but the simulation "
+                    f"has {len(stages)} measured stages; simulate the same profile")
+            pairs += [(stages[m["stage"]], m) for m in staged]
+        elif staged:
+            pairs += pair_results([sim], staged) if len(staged) > 1 else [(sim, staged[0])]
+        pairs += [(sim, m) for m in client_docs if m.get("stage") is None]
+        if meas:
+            pairs += pair_results(sims, meas)
+    else:
+        pairs = pair_results(sims, meas)
     rows = []
-    for s, m in pair_results(sims, meas):
+    for s, m in pairs:
         pair = compare_pair(s, m)
         if not any(r["status"] == "ok" for r in pair):  # nothing comparable: say which file
             bare = [d["_file"] for d in (m, s)
@@ -173,8 +254,12 @@ def rich_table(rows: list[dict]):
 
     multi = len({(r["sim_file"], r["measured_file"]) for r in rows}) > 1
     t = Table(title="simulated vs measured (error = sim − measured)")
+    staged = any(r.get("stage") for r in rows)
     if multi:
-        t.add_column("rate (req/s)", justify="right")
+        t.add_column("stage" if staged else "rate (req/s)", justify="right")
+    sides = len({r.get("side", "client") for r in rows}) > 1
+    if sides:
+        t.add_column("side")
     for c in ("metric", "sim", "measured", "abs error", "rel error %", "status"):
         t.add_column(c, justify="left" if c in ("metric", "status") else "right")
 
@@ -187,7 +272,11 @@ def rich_table(rows: list[dict]):
                  "yellow" if abs(rel) <= 25 else "red")
         cells = [r["metric"], f(r["sim"]), f(r["measured"]), f(r["abs_error"]),
                  f"[{style}]{f(rel, 1)}[/]" if style else f(rel, 1), r["status"]]
+        if sides:
+            cells.insert(0, "engine (vLLM Prometheus)" if r.get("side") == "engine"
+                         else "client (vllm bench)")
         if multi:
-            cells.insert(0, str(r["request_rate"]))
+            cells.insert(0, str(r.get("stage") or r["request_rate"]) if staged
+                         else str(r["request_rate"]))
         t.add_row(*cells)
     return t

@@ -48,12 +48,55 @@ def summary_lines(bench: dict) -> list[str]:
         lines.append(_row(f"Median {name} (ms):", bench.get(f"median_{metric}_ms"), ".2f"))
         for w in words:
             lines.append(_row(f"P{w} {name} (ms):", bench.get(f"p{w}_{metric}_ms"), ".2f"))
+    if "spec_decode_acceptance_rate" in bench:  # vLLM's "Speculative Decoding" block
+        lines.append("{s:{c}^{n}}".format(s="Speculative Decoding", n=WIDTH, c="-"))
+        lines.append(_row("Acceptance rate (%):", bench["spec_decode_acceptance_rate"], ".2f"))
+        lines.append(_row("Acceptance length:", bench["spec_decode_acceptance_length"], ".2f"))
+        lines.append(_row("Drafts:", bench["spec_decode_num_drafts"]))
+        lines.append(_row("Draft tokens:", bench["spec_decode_draft_tokens"]))
+        lines.append(_row("Accepted tokens:", bench["spec_decode_accepted_tokens"]))
+        per_pos = bench.get("spec_decode_per_position_acceptance_rates") or []
+        if per_pos:
+            lines.append("Per-position acceptance (%):")
+            for i, rate in enumerate(per_pos):
+                lines.append(_row(f"  Position {i}:", rate * 100, ".2f"))
+    if "mean_engine_ttft_ms" in bench:
+        lines.append("{s:{c}^{n}}".format(s="Engine side (vLLM Prometheus)", n=WIDTH, c="-"))
+        for m, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"),
+                         ("queue_time", "queue time"), ("prefill_time", "prefill time")):
+            key = f"mean_engine_{m}_ms"
+            if key in bench:
+                lines.append(_row(f"Mean engine {label} (ms):", bench[key], ".2f"))
+    bd = bench.get("ttft_breakdown_ms") or {}
+    if bd and (bench.get("frontend") or {}).get("enable"):
+        from servesim.reports.bench_result import TTFT_TERMS
+
+        lines.append("{s:{c}^{n}}".format(s="Mean TTFT breakdown", n=WIDTH, c="-"))
+        for name, _, _, _ in TTFT_TERMS:
+            lines.append(_row(f"  {name.replace('_', ' ')} (ms):", bd.get(name), ".3f"))
+        fe = bench["frontend"]
+        p = fe.get("params") or {}
+        lines.append(_row("API servers:", fe.get("api_server_count")))
+        lines.append(_row("  request work (ms):", 1e3 * p.get("request_s", 0), ".3f"))
+        lines.append(_row("  tokenize per token (us):",
+                          1e6 * p.get("tokenize_per_token_s", 0), ".3f"))
+        lines.append(_row("  tokenizer batch window (ms):",
+                          1e3 * p.get("tokenizer_batch_wait_s", 0), ".3f"))
+        lines.append(_row("  IPC hop, each way (ms):", 1e3 * p.get("ipc_s", 0), ".3f"))
+        lines.append(_row("  detokenize+SSE per token (us):",
+                          1e6 * p.get("detokenize_per_token_s", 0), ".3f"))
     if bench.get("simulated"):
         lines.append("{s:{c}^{n}}".format(s="servesim", n=WIDTH, c="-"))
         lines.append(_row("GPU KV cache blocks:", bench.get("num_gpu_blocks")))
         lines.append(_row("Preemptions:", bench.get("num_preemptions")))
         hit = bench.get("prefix_cache_hit_rate")
         lines.append(_row("Prefix cache hit rate (%):", None if hit is None else 100 * hit, ".2f"))
+        if bench.get("max_loras") is not None:
+            lines.append(_row("LoRA adapters seen / max_loras:",
+                              f"{bench.get('lora_adapters_seen')} / {bench['max_loras']}"))
+            lines.append(_row("LoRA loads (CPU→GPU / disk):",
+                              f"{bench.get('lora_loads_from_cpu')} / "
+                              f"{bench.get('lora_loads_from_disk')}"))
         lines.append(_row("Simulation speed (sim s / wall s):", bench.get("sim_speed"), ".1f"))
     lines.append("=" * WIDTH)
     return lines

@@ -215,6 +215,30 @@ def kv_timeline(ts: pd.DataFrame) -> Figure:
                    "token budget or max_num_seqs limits.")
 
 
+def instance_timeline(ts: pd.DataFrame, names: list[str]) -> Figure:
+    """Cluster runs: per instance (``instance`` column of timeseries.csv), KV-cache usage (%)
+    and requests in the engine (running + waiting) over simulated time (s)."""
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
+    for k, g in ts.groupby("instance"):
+        g = _thin(g, 5000)
+        label = names[int(k)] if int(k) < len(names) else str(k)
+        axes[0].plot(g["time_s"], g["vllm:kv_cache_usage_perc"] * 100, linewidth=0.7,
+                     label=label)
+        axes[1].plot(g["time_s"], g["vllm:num_requests_running"]
+                     + g["vllm:num_requests_waiting"], linewidth=0.7, label=label)
+    axes[0].set_ylabel("KV-cache usage (%)")
+    axes[0].set_ylim(0, 105)
+    axes[1].set_ylabel("requests in engine")
+    axes[1].set_xlabel("simulated time (s)")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7, ncol=min(len(names), 6))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return _finish(fig, "instance_timeline", "Load and KV usage per instance",
+                   "One line per instance: a router that balances well keeps the lines "
+                   "together; prefix-aware routing trades some balance for cache hits.")
+
+
 def step_timeline(ts: pd.DataFrame) -> Figure:
     """Engine step time (ms) and batch tokens per step over simulated time (s)."""
     ts = _thin(ts)

@@ -148,6 +148,8 @@ def _short_reason(r: Any, n: int = 110) -> str:
 
 
 def _cand_text(r: dict) -> str:
+    if isinstance(r.get("cluster"), str) and r.get("cluster"):  # a cluster shape
+        return f"{r['cluster']} cluster ({_num(r, 'gpus_per_replica'):g} × {r['hardware']})"
     tp, pp = int(r["tensor_parallel_size"]), int(r.get("pipeline_parallel_size", 1) or 1)
     s = f"{r['hardware']} TP{tp}" + (f" PP{pp}" if pp > 1 else "")
     extras = [t for t in str(r["candidate"]).split("_")

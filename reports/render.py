@@ -292,11 +292,40 @@ def run_report(d: Path) -> Report:
     tbl = pd.DataFrame({"metric": keys, "value": [res[k] for k in keys]})
     secs = [Section("Headline metrics (vLLM bench schema)", [Table(tbl)]),
             Section("Latency", [F.latency_cdfs(req, slo)])]
+    if res.get("cluster_instances"):  # cluster runs (simulator/cluster/)
+        secs.append(_cluster_section(res, ts))
     if len(ts):
         secs.append(Section("KV cache and queues", [F.kv_timeline(ts)]))
         secs.append(Section("Engine steps", [F.step_timeline(ts)]))
     title = f"servesim run report: {res.get('model_id', d.name)}"
     return Report(title, summary, secs)
+
+
+def _cluster_section(res: dict, ts: pd.DataFrame) -> Section:
+    """The router's distribution and per-instance load (cluster runs)."""
+    from servesim.reports import figures as F
+
+    insts = res["cluster_instances"]
+    totals: dict = {}
+    for i in insts:  # shares within a role (P/D: prefill and decode routes apart)
+        totals[i.get("role")] = totals.get(i.get("role"), 0) + (i.get("requests_routed") or 0)
+    cols = ("name", "role", "gpu", "requests_routed", "gpu_busy_frac",
+            "mean_kv_cache_usage_perc", "prefix_cache_hit_rate", "cpu_prefix_cache_hit_rate",
+            "num_preemptions")
+    tbl = pd.DataFrame([{c: i.get(c) for c in cols if c in i or c == "name"} for i in insts])
+    tbl.insert(4, "share", [100.0 * (i.get("requests_routed") or 0)
+                            / (totals[i.get("role")] or 1) for i in insts])
+    text = f"Router: {res.get('cluster_router')}"
+    if res.get("cluster_decode_router"):
+        text += (f"; decode router: {res['cluster_decode_router']}; KV link "
+                 f"{res.get('kv_transfer_link', {}).get('kind')}: mean transfer "
+                 f"{_fmt(res.get('mean_kv_transfer_ms'), ' ms', 2)}, P99 "
+                 f"{_fmt(res.get('p99_kv_transfer_ms'), ' ms', 2)}")
+    items: list = [text + ". Requests routed per instance (share %), busy fraction of "
+                   "simulated time, mean KV usage, hit rates per tier.", Table(tbl)]
+    if "instance" in ts and len(ts):
+        items.append(F.instance_timeline(ts, [i["name"] for i in insts]))
+    return Section("Cluster: router distribution and instances", items)
 
 
 # ---------------------------------------------------------------------------------------------

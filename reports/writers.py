@@ -232,7 +232,7 @@ class OutputDir:
 
 
 def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | None = None,
-              overwrite: bool = False) -> dict:
+              overwrite: bool = False, formats: list[str] | None = None) -> dict:
     """Write a run directory; returns the full bench dict (``compute_bench_result``).
 
     Files: ``result.json`` (vLLM bench keys + deterministic extras), ``run_info.json`` (``date``,
@@ -243,6 +243,8 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
     ``outdir``: a path (refused when it is a non-empty folder, unless ``overwrite``) or an
     :class:`OutputDir` prepared before simulating. The folder appears complete or not at all.
     Per-request rows are written window by window (bounded memory for streamed runs).
+    ``formats``: also write the run as those benchmark clients would have
+    (``inference-perf``, ``guidellm``, ``aiperf``; ``reports/clients.py``).
     """
     from servesim.simulator.progress import phase
 
@@ -280,5 +282,14 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
         with phase("writing result.json"), \
                 open(out.file(RESULT_FILE), "w", encoding="utf-8", newline="") as f:
             write_result(f, stable)
+        if formats:
+            from servesim.reports.clients import write_client_results
+
+            with phase("writing " + ", ".join(formats) + " results"):
+                write_client_results(result, bench, out.staging, formats)
+        for name, text in (getattr(result, "files", None) or {}).items():
+            atomic_write_text(out.file(name), text)
+        for name, sub in getattr(result, "instances", None) or ():  # cluster: per instance
+            write_run(sub, out.file(f"instances/{name}"), date=date)
         out.commit()
     return bench

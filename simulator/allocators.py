@@ -70,7 +70,9 @@ class ContiguousKVCacheManager(KVCacheManager):
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
+        # (The reservation covers max_model_len, so the whole sequence always fits.)
         pool = self.block_pool
         if request.index not in self._reserved:
             rest = self.blocks_per_request - len(request.blocks)

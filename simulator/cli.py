@@ -53,11 +53,11 @@ def _register_all() -> None:
     from servesim.costmodels import cli as costmodels_cli
     from servesim.kernels import cli as kernels_cli
     from servesim.reports import cli as reports_cli
-    from servesim.simulator import run_cli
+    from servesim.simulator import fit_cli, run_cli
     from servesim.simulator.experiments import cli as experiments_cli
     from servesim.workloads import cli as workloads_cli
 
-    for mod in (run_cli, costmodels_cli, workloads_cli, kernels_cli, experiments_cli,
+    for mod in (run_cli, fit_cli, costmodels_cli, workloads_cli, kernels_cli, experiments_cli,
                 reports_cli):
         mod.register(app)
 

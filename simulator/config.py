@@ -1,7 +1,8 @@
 """Experiment configuration: YAML → validated, resolved :class:`ExperimentConfig`.
 
 Sections and field names follow vLLM's own config (``VllmConfig``): ``model``, ``hardware``,
-``parallel``, ``cache``, ``scheduler``, ``compilation``, ``workload``, ``slo``, ``output``.
+``parallel``, ``cache``, ``scheduler``, ``compilation``, ``workload``, ``slo``, ``output``,
+``client`` (benchmark-client behaviour: request timeouts and retries).
 Every section forbids unknown keys. ``--set a.b=value`` overrides are applied to the YAML tree
 *before* validation, so they are typed by the schema and may switch ``workload.kind``.
 """
@@ -18,7 +19,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.simulator.cluster.config import ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, short_repr
+from servesim.simulator.lora import LoRAConfig
+from servesim.simulator.spec_decode import SpeculativeConfig
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
 
 
@@ -39,6 +43,8 @@ class CacheConfig(_Section):
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     num_gpu_blocks_override: PositiveInt | None = None
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
+    kv_offload: KVOffloadConfig | None = Field(
+        None, description="CPU KV-offload tier (vLLM OffloadingConnector); omitted when null")
 
 
 class SchedulerConfig(_Section):
@@ -51,8 +57,13 @@ class SchedulerConfig(_Section):
     )
     long_prefill_token_threshold: int = Field(0, ge=0)
     enable_chunked_prefill: bool = True
-    async_scheduling: bool = Field(
-        False, description="Overlap host (scheduling, input prep) with the GPU step"
+    async_scheduling: bool | None = Field(
+        None, description="vLLM's async scheduling (two batches in flight, host work hidden "
+        "behind the GPU); null = on, as vLLM resolves it for generation models"
+    )
+    reserve_full_isl: bool = Field(
+        True, description="vLLM scheduler_reserve_full_isl: admit a request only when free KV "
+        "blocks cover its whole prompt, not only its first chunk"
     )
 
 
@@ -66,12 +77,46 @@ class CompilationConfig(_Section):
     cudagraph_capture_sizes: list[PositiveInt] | None = None
 
 
+class FrontendConfig(_Section):
+    """``frontend``: the API-server processes in front of the engine (simulator/frontend.py).
+
+    The costs default to the calibration file's ``frontend:`` section (``simulate fit``
+    writes it), else to documented priors; a value here overrides both."""
+
+    enable: bool = Field(True, description="Model the API server (false: the client talks "
+                         "to the engine core directly, TTFT = engine-side TTFT)")
+    api_server_count: PositiveInt | None = Field(
+        None, description="vLLM --api-server-count; default data_parallel_size, as vLLM")
+    request_s: float | None = Field(None, ge=0, description="asyncio-thread CPU per request, s")
+    tokenize_per_token_s: float | None = Field(None, ge=0, description="per prompt token, s")
+    ipc_s: float | None = Field(None, ge=0, description="one-way API server <-> engine hop, s")
+    detokenize_per_token_s: float | None = Field(
+        None, ge=0, description="detokenize + SSE per output token, s")
+    tokenizer_batch_wait_s: float | None = Field(
+        None, ge=0, description="tokenizer micro-batch window, s (vLLM: 0.002)")
+    tokenizer_max_batch: PositiveInt | None = Field(
+        None, description="prompts per tokenizer call (vLLM: 32)")
+
+
 class SLOConfig(_Section):
     """Per-request SLOs for goodput, as ``vllm bench serve --goodput ttft:MS tpot:MS e2el:MS``."""
 
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
     e2el_ms: float | None = Field(None, gt=0)
+
+
+class ClientConfig(_Section):
+    """How the benchmark client treats a slow server (``simulator/client.py``).
+
+    ``request_timeout_s``: a request still unfinished this long after it was sent is given up
+    by the client and aborted in the engine (vLLM's abort path: removed from the queues, its
+    KV blocks freed); it counts as failed with ``finished_reason`` ``timeout``. With
+    ``max_retries`` > 0 it is sent again (a fresh request) up to that many times first.
+    Unset keys take the value a ``kind: profile`` workload's profile gives, else none."""
+
+    request_timeout_s: float | None = Field(None, gt=0, description="Client timeout per attempt, s")
+    max_retries: int | None = Field(None, ge=0, description="Re-sends after a timeout")
 
 
 class OutputConfig(_Section):
@@ -94,17 +139,47 @@ class ExperimentConfig(_Section):
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     compilation: CompilationConfig = CompilationConfig()
+    # vLLM's speculative_config (None: off) and LoRAConfig: simulator/spec_decode.py, lora.py
+    speculative_config: SpeculativeConfig | None = None
+    lora: LoRAConfig = LoRAConfig()
+    frontend: FrontendConfig = FrontendConfig()
     workload: WorkloadConfig = RandomWorkload()
     slo: SLOConfig = SLOConfig()
     output: OutputConfig = OutputConfig()
+    client: ClientConfig = ClientConfig()
+    # Several instances behind a router, P/D disaggregation (simulator/cluster/); omitted from
+    # dumps and the hash when null, so single-engine configs keep their hash and files.
+    cluster: ClusterConfig | None = None
+
+    def dump_tree(self, mode: str = "python") -> dict:
+        """``model_dump`` without the optional extension keys while unused (``cluster``,
+        ``cache.kv_offload``, a default ``client``, null ``workload.stages``/``warmup``,
+        ``speculative_config``, ``lora`` with ``enable_lora: false``): a config that does not
+        use them dumps and hashes as before they existed."""
+        d = self.model_dump(mode=mode)
+        if d.get("cluster") is None:
+            d.pop("cluster", None)
+        if d["cache"].get("kv_offload") is None:
+            d["cache"].pop("kv_offload", None)
+        if d.get("client") == ClientConfig().model_dump(mode=mode):
+            d.pop("client")
+        if d.get("speculative_config", 0) is None:
+            d.pop("speculative_config")
+        if not d.get("lora", {}).get("enable_lora", True):
+            d.pop("lora")
+        wl = d.get("workload") or {}
+        for k in ("stages", "warmup"):
+            if k in wl and wl[k] is None:
+                wl.pop(k)
+        return d
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the resolved config (first 16 hex digits)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        blob = json.dumps(self.dump_tree(mode="json"), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_jsonable(self.model_dump(mode="python")), sort_keys=False)
+        return yaml.safe_dump(_jsonable(self.dump_tree(mode="python")), sort_keys=False)
 
 
 def _jsonable(x: Any) -> Any:
@@ -176,7 +251,7 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
 
 def _describe_error(err: dict) -> str:
     loc = ".".join(str(p) for p in err["loc"])
-    for kind in ("random", "trace", "synthetic", "sessions"):  # drop the union tag from paths
+    for kind in ("random", "trace", "synthetic", "sessions", "profile"):  # drop the union tag from paths
         loc = loc.replace(f"workload.{kind}.", "workload.")
     typ = err["type"]
     inp = err.get("input")
@@ -319,9 +394,14 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
       larger value is refused, like vLLM without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
     - ``scheduler.max_num_seqs`` / ``max_num_batched_tokens``: ``vllm serve`` defaults — 1024 /
       8192 on GPUs with >= 70 GiB that are not A100s (H100, H200, MI300X, B200), else 256 / 2048
-      (ecosystem-formats.md §3). Without chunked prefill the budget is at least max_model_len.
+      (ecosystem-formats.md §3), adjusted as vLLM's ``arg_utils`` does
+      (:func:`~servesim.costmodels.step.batch_limits`).
+    - ``scheduler.async_scheduling``: null → true (vLLM ``VllmConfig``: on for generation
+      models on the default executors).
+    - ``compilation``: the CUDA-graph capture sizes and their maximum as vLLM computes them.
     """
     from servesim.costmodels import load_hardware_spec, load_model_spec
+    from servesim.costmodels.step import batch_limits, capture_sizes
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
@@ -333,14 +413,13 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(
             f"model.max_model_len: {c.model.max_model_len} is larger than the model's "
             f"max_position_embeddings ({mpe})")
-    big = hw.memory_gib >= 70 and "a100" not in hw.name.lower()
     s = c.scheduler
-    if s.max_num_seqs is None:
-        s.max_num_seqs = 1024 if big else 256
-    if s.max_num_batched_tokens is None:
-        s.max_num_batched_tokens = 8192 if big else 2048
-        if not s.enable_chunked_prefill:
-            s.max_num_batched_tokens = max(s.max_num_batched_tokens, c.model.max_model_len)
+    s.max_num_seqs, s.max_num_batched_tokens = batch_limits(
+        hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,
+        s.enable_chunked_prefill)
+    _resolve_spec_decode_and_lora(c)
+    if s.async_scheduling is None:
+        s.async_scheduling = True
     if s.max_num_batched_tokens < s.max_num_seqs:
         raise ConfigError(
             f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}) must be greater "
@@ -360,6 +439,72 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(
             f"parallel.pipeline_parallel_size: {c.parallel.pipeline_parallel_size} is larger "
             f"than the number of layers ({spec.num_hidden_layers})")
-    if c.compilation.max_cudagraph_capture_size is None:
-        c.compilation.max_cudagraph_capture_size = min(2 * s.max_num_seqs, 512)
+    comp = c.compilation
+    k = c.speculative_config.num_speculative_tokens if c.speculative_config else 0
+    if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
+        sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens,
+                              comp.max_cudagraph_capture_size, comp.cudagraph_capture_sizes,
+                              decode_query_len=1 + k)
+        if k and comp.cudagraph_mode != "PIECEWISE":  # FULL decode graphs: multiples of 1 + k
+            from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
+
+            sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k,
+                                                           sizes[-1] if sizes else 0)
+        top = sizes[-1] if sizes else 0
+        if (comp.cudagraph_capture_sizes is not None and comp.max_cudagraph_capture_size
+                is not None and comp.max_cudagraph_capture_size != top):
+            raise ConfigError(
+                f"compilation.max_cudagraph_capture_size ({comp.max_cudagraph_capture_size}) "
+                f"should be consistent with the max value of cudagraph_capture_sizes ({top})")
+        comp.cudagraph_capture_sizes = sizes
+        comp.max_cudagraph_capture_size = top
+    elif comp.max_cudagraph_capture_size is None:
+        comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs * (1 + k), 512)
+    if c.cluster is not None:  # each instance group with vLLM's defaults for its own GPU
+        from servesim.simulator.cluster.config import resolve_cluster
+
+        resolve_cluster(cfg, c)
+    if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
+        c.frontend.api_server_count = c.parallel.data_parallel_size
     return c
+
+
+def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
+    """vLLM's start-up rules for ``speculative_config`` and ``lora`` (in place):
+
+    - ``scheduler.async_scheduling`` (``VllmConfig.__post_init__``): null stays on only for
+      EAGLE/EAGLE-3/MTP and ``ngram_gpu`` and turns off (with vLLM's warning) for other
+      methods; explicitly true is refused for methods other than those and ``draft_model``.
+    - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP.
+    - pipeline parallelism with speculative decoding is not modelled (refused).
+    - ``lora.max_cpu_loras``: null → ``max_loras``.
+    """
+    import warnings
+
+    from servesim.costmodels.spec_decode import ASYNC_ALLOWED_METHODS, ASYNC_DEFAULT_METHODS
+
+    sc, s = c.speculative_config, c.scheduler
+    if sc is not None:
+        m = sc.method
+        if c.parallel.pipeline_parallel_size > 1:
+            raise ConfigError("speculative_config: speculative decoding with "
+                              "pipeline_parallel_size > 1 is not modelled")
+        if s.async_scheduling is None and m not in ASYNC_DEFAULT_METHODS:
+            warnings.warn(f"Async scheduling not supported with {m}-based speculative "
+                          "decoding and will be disabled (vLLM).", stacklevel=3)
+            s.async_scheduling = False
+        elif s.async_scheduling and m not in ASYNC_ALLOWED_METHODS:
+            raise ConfigError(
+                "scheduler.async_scheduling: Currently, async scheduling is only supported "
+                f"with EAGLE/MTP/Draft Model/NGram GPU kind of speculative decoding, not "
+                f"{m} (vLLM)")
+        tp = c.parallel.tensor_parallel_size
+        if (m == "draft_model" and sc.draft_tensor_parallel_size is not None
+                and sc.draft_tensor_parallel_size != tp):
+            raise ConfigError(
+                f"speculative_config.draft_tensor_parallel_size: Currently, "
+                f"'draft_tensor_parallel_size' and 'tensor_parallel_size' must be the same. "
+                f"Got {sc.draft_tensor_parallel_size} and {tp}.")
+    lc = c.lora
+    if lc.enable_lora and lc.max_cpu_loras is None:
+        lc.max_cpu_loras = lc.max_loras

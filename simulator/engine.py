@@ -2,7 +2,9 @@
 
 One event per engine step (``EngineCore.step``: schedule → execute → update_from_output): the
 step's duration comes from the cost model; the engine sleeps when nothing is runnable and
-wakes on an arrival. The client sends requests like ``vllm bench serve``: at their arrival
+wakes on an arrival. With async scheduling (vLLM's default) the engine keeps two batches in
+flight (``EngineCore.step_with_batch_queue``): batch k+1 is scheduled when batch k−1 returns,
+while batch k runs, so a request that arrives during batch k first runs in batch k+2. The client sends requests like ``vllm bench serve``: at their arrival
 times, through an optional ``max_concurrency`` semaphore, and multi-turn follow-ups after their
 parent finishes (plus think time). Requests the API server would refuse are rejected at send
 time and counted as failed, never dropped.
@@ -13,10 +15,15 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import simpy
 from servesim.simulator.request import FINISHED_REASON, Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
+
+if TYPE_CHECKING:
+    from servesim.simulator.metrics import Distribution
+_NAN = float("nan")
 
 
 class Recorder:
@@ -29,7 +36,11 @@ class Recorder:
     bounded however long the run."""
 
     REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
-           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+           "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",
+           "warmup", "attempts",
+           # frontend (simulator/frontend.py) and engine-side times
+           "frontend_arrival_s", "tokenized_s", "queued_s", "engine_first_token_s",
+           "engine_finish_s", "first_token_iter_s", "finish_iter_s")
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
 
@@ -47,8 +58,30 @@ class Recorder:
         self.step = {k: array("d") for k in self.STEP}
         self.itl_explicit: list[float] = []
         self.itl_weighted: list[tuple[float, int]] = []
+        # With a frontend: the engine's own inter-token gaps ((value, count) pairs; the lists
+        # above then hold the client's) and the per-step hook (Frontend.on_step).
+        self.engine_itl = Distribution()
+        self.engine_itl_pairs: list[tuple[float, int]] = []
+        self.on_step: Callable | None = None
         self.parked = None  # the client's Parked queue (counted as waiting), if any
         self.refill: Callable[[], None] | None = None  # moves parked requests in
+        # Staged runs (simulator/client_control.py): ITL samples per stage, split at stage
+        # starts (samples are attributed to the stage during which they were emitted).
+        self.itl_stage: int | None = None
+        self.stage_itl: dict[int, Distribution] = {}
+        # Extra timeseries columns (speculative decoding / LoRA counters):
+        # ``on_step_columns(out)`` appends one value to each of them after every step row.
+        self.on_step_columns: Callable | None = None
+
+    def add_step_columns(self, names, on_step: Callable) -> list:
+        """Add step columns ``names`` (after ``STEP``); ``on_step(out)`` fills them after every
+        step. Returns the column arrays, in order."""
+        cols = []
+        for k in names:
+            self.step[k] = array("d")
+            cols.append(self.step[k])
+        self.on_step_columns = on_step
+        return cols
 
     def record_request(self, r: Request, reason: str) -> None:
         d = self.req
@@ -62,6 +95,23 @@ class Recorder:
         d["first_token_s"].append(r.first_token_time)
         d["finish_s"].append(r.finish_time)
         d["num_preemptions"].append(r.num_preemptions)
+        extra = r.spec.extra  # client fields (staged runs, warm-up, retries)
+        d["stage"].append(extra.get("stage", 0))
+        d["warmup"].append(1.0 if extra.get("warmup") else 0.0)
+        d["attempts"].append(extra.get("attempts", 1))
+        d["frontend_arrival_s"].append(r.arrival_time)
+        fe = r.fe  # frontend.FE_*: server, tokenized, queued, engine first/last token, ...
+        if fe is None:
+            _, tok, queued, e_first, it_first, e_fin, it_fin = (
+                0, r.send_time, r.send_time, _NAN, _NAN, _NAN, _NAN)
+        else:
+            _, tok, queued, e_first, it_first, e_fin, it_fin = fe
+        d["tokenized_s"].append(tok)
+        d["queued_s"].append(queued)
+        d["engine_first_token_s"].append(e_first)
+        d["engine_finish_s"].append(e_fin)
+        d["first_token_iter_s"].append(it_first)
+        d["finish_iter_s"].append(it_fin)
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -89,13 +139,29 @@ class Recorder:
     def flush_itl(self) -> None:
         import numpy as np
 
+        stage = None
+        if self.itl_stage is not None:
+            stage = self.stage_itl.get(self.itl_stage)
+            if stage is None:
+                from servesim.simulator.metrics import Distribution
+
+                stage = self.stage_itl[self.itl_stage] = Distribution()
         if self.itl_explicit:
-            self.itl.add(np.asarray(self.itl_explicit, dtype=float))
+            vals = np.asarray(self.itl_explicit, dtype=float)
+            self.itl.add(vals)
+            if stage is not None:
+                stage.add(vals)
             del self.itl_explicit[:]
         if self.itl_weighted:
             pairs = np.asarray(self.itl_weighted, dtype=float).reshape(-1, 2)
             self.itl.add(pairs[:, 0], pairs[:, 1], group=1)
+            if stage is not None:
+                stage.add(pairs[:, 0], pairs[:, 1], group=1)
             del self.itl_weighted[:]
+        if self.engine_itl_pairs:
+            pairs = np.asarray(self.engine_itl_pairs, dtype=float).reshape(-1, 2)
+            self.engine_itl.add(pairs[:, 0], pairs[:, 1])
+            del self.engine_itl_pairs[:]
 
     def flush_steps(self) -> None:
         import numpy as np
@@ -112,9 +178,14 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
                  recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0,
-                 max_concurrent_batches: int = 1):
+                 max_concurrent_batches: int = 1, async_scheduling: bool = False):
         self.env = env
+        # vLLM executors: max_concurrent_batches = pp, or 2 with async scheduling and pp == 1.
         self.max_concurrent_batches = max_concurrent_batches
+        self.async_scheduling = async_scheduling
+        # Tests: a list receiving (time scheduled, {request_id: tokens}, [preempted ids]) for
+        # every non-empty batch (needs the scheduler's ``record_schedules``).
+        self.trace: list | None = None
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.step_seconds = step_seconds
@@ -122,6 +193,8 @@ class Replica:
         self.on_finish = on_finish
         self.replica_id = replica_id
         self._wake: simpy.Event | None = None
+        self._aborts: list[Request] = []  # client aborts that arrived during a step
+        self._inflight: deque | None = None  # batches in flight (pipeline parallelism)
         self.num_steps = 0
         self.busy_seconds = 0.0
         self.process = env.process(self._run())
@@ -136,6 +209,27 @@ class Replica:
         self.scheduler.add_request(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    # -- abort path ----------------------------------------------------------------------------
+    def abort(self, req: Request) -> None:
+        """A client gave ``req`` up (timeout, cancellation): abort it in this engine as vLLM
+        does (``Scheduler.finish_requests(..., FINISHED_ABORTED)``: out of the queues, blocks
+        freed). vLLM's engine core handles aborts between steps, so one that arrives during a
+        step takes effect when the step ends; an idle engine applies it at once. A request
+        that finished in that step, or that is not in this engine, is left alone."""
+        if self._wake is not None:
+            self.scheduler.finish_requests([req], RequestStatus.FINISHED_ABORTED)
+        else:
+            self._aborts.append(req)
+
+    def _apply_aborts(self) -> None:
+        reqs, self._aborts = self._aborts, []
+        done = self.scheduler.finish_requests(reqs, RequestStatus.FINISHED_ABORTED)
+        if done and self._inflight:  # drop them from batches still in flight (pp)
+            gone = set(map(id, done))
+            for out, _, _ in self._inflight:
+                if out is not None:
+                    out.scheduled = [row for row in out.scheduled if id(row[0]) not in gone]
 
     def _idle(self):
         """Sleep until the next request arrives."""
@@ -154,8 +248,13 @@ class Replica:
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
+        on_step, rid = rec.on_step, self.replica_id
+        itl_e, itl_w, eitl = rec.itl_explicit, rec.itl_weighted, rec.engine_itl_pairs
+        on_columns = rec.on_step_columns
 
         def record(out, now: float, dt: float) -> None:
+            if on_step is not None:  # frontend: client-side token times (before any flush)
+                on_step(rid, out, now, itl_e, itl_w, eitl)
             if len(c_time) >= limit and rec.steps is not None:
                 rec.flush()
             parked = rec.parked
@@ -175,14 +274,23 @@ class Replica:
             c_q.append(stats.queries)
             c_h.append(stats.hits)
             c_nd.append(shape.num_decode)
-            c_pt.append(shape.num_tokens - shape.num_decode)
+            c_pt.append(shape.num_tokens - shape.num_decode - shape.num_spec_tokens)
+            if on_columns is not None:
+                on_columns(out)
 
         return record
+
+    def _trace(self, out) -> None:
+        self.trace.append((out.scheduled_at, out.as_dict(),
+                           [r.request_id for r in out.preempted]))
 
     def _run(self):
         """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update."""
         if self.max_concurrent_batches > 1:
             yield from self._run_batch_queue()
+            return
+        if self.async_scheduling:
+            yield from self._run_async()
             return
         env = self.env
         sched = self.scheduler
@@ -196,10 +304,15 @@ class Replica:
                 continue
             out = sched.schedule()
             if out.total_num_scheduled_tokens == 0:
+                if out.preempted:  # blocks were freed: vLLM's next step() schedules again
+                    continue
                 # Nothing fits and nothing runs: cannot happen for requests that passed the
                 # admission check; wait for the next arrival rather than spin.
                 yield from self._idle()
                 continue
+            out.scheduled_at = env.now
+            if self.trace is not None:
+                self._trace(out)
             dt = step_seconds(out.shape)
             yield env.timeout(dt)
             now = env.now
@@ -208,6 +321,75 @@ class Replica:
             record(out, now, dt)
             for r in finished:
                 on_finish(r)
+            if self._aborts:
+                self._apply_aborts()
+
+    def _run_async(self):
+        """``EngineCore.step_with_batch_queue`` with async scheduling (queue two deep): while
+        batch k runs on the GPU, batch k+1 is scheduled (right after batch k−1 returned), so
+        batches run back to back and the host's work hides behind the GPU's (the cost model
+        charges an async step ``max(gpu, host) + residual``).
+
+        A batch's end time is known when it is scheduled, so its counters are advanced at
+        once (``update_from_output(defer=True)``: the next ``schedule()`` sees them as vLLM's
+        output placeholders); what vLLM learns only when the batch returns — which requests
+        stopped — is applied then (``finish_pending``), freeing their blocks and seats one
+        batch later than synchronous scheduling does."""
+        env = self.env
+        sched = self.scheduler
+        itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
+        step_seconds = self.step_seconds
+        on_finish = self.on_finish
+        record = self._recorder()
+        inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
+        last_end = 0.0  # end of the batch scheduled last
+        # speculative decoding: vLLM learns a batch's rejections when it returns
+        returned = sched.batch_returned if getattr(sched, "spec", None) is not None else None
+        while True:
+            if len(inflight) < 2 and sched.has_requests():
+                seq = inflight[0][0].seq if inflight else -1  # the batch in flight, if any
+                sched.inflight_seq = sched.kv.inflight_seq = seq
+                out = sched.schedule()
+                if out.total_num_scheduled_tokens:
+                    now = env.now
+                    out.scheduled_at = now
+                    if self.trace is not None:
+                        self._trace(out)
+                    dt = step_seconds(out.shape)
+                    end = (last_end if last_end > now else now) + dt
+                    # (this batch's ITL samples join the recorder's when it returns, so the
+                    # per-step hook sees them last, as with synchronous stepping)
+                    b_e, b_w = [], []
+                    pending = sched.update_from_output(out, end, end - last_end, b_e, b_w,
+                                                       defer=True)
+                    last_end = end
+                    self.busy_seconds += dt
+                    inflight.append((out, end, dt, pending, b_e, b_w))
+                    if len(inflight) < 2:
+                        continue
+                elif out.preempted and not inflight:
+                    continue  # blocks were freed: schedule again at once
+            if not inflight:
+                yield from self._idle()
+                continue
+            out, end, dt, pending, b_e, b_w = inflight.popleft()
+            if end > env.now:
+                yield env.timeout(end - env.now)
+            now = env.now
+            if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
+                self._apply_aborts()
+            if returned is not None:
+                returned(out)
+            sched.cache_returned(out, pending)
+            if pending:
+                pending = sched.finish_pending(pending, now)
+            if b_e:
+                itl_e.extend(b_e)
+            if b_w:
+                itl_w.extend(b_w)
+            record(out, now, dt)
+            for r in pending:
+                on_finish(r)
 
     def _run_batch_queue(self):
         """``EngineCore.step_with_batch_queue`` for pipeline parallelism: up to
@@ -215,32 +397,42 @@ class Replica:
         model's step time (all stages + handoffs); it holds each stage for latency / pp, so a
         new batch enters the pipeline every latency / pp while the queue has room. Requests of
         a batch in flight advance ``num_computed_tokens`` at schedule time (vLLM's
-        ``_update_after_schedule``), so an in-flight decode is not scheduled again until its
-        token is back, while a long prompt's next chunk can follow its previous one."""
+        ``_update_after_schedule``), so a long prompt's next chunk can follow its previous
+        one; an in-flight decode is scheduled again only with async scheduling, whose output
+        placeholders stand for the token not yet back (``Scheduler.advance_after_schedule``)."""
         env = self.env
         sched = self.scheduler
         itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
         pp = self.max_concurrent_batches
         record = self._recorder()
         inflight: deque = deque()  # (out, start, done)
+        self._inflight = inflight
         stage_free = 0.0
         while True:
             if len(inflight) < pp and sched.has_requests():
                 out = sched.schedule()
                 if out.total_num_scheduled_tokens:
-                    for req, n, c in out.scheduled:
-                        req.num_computed_tokens = c + n
-                    out.advanced = True
+                    out.scheduled_at = env.now
+                    if self.trace is not None:
+                        self._trace(out)
+                    sched.advance_after_schedule(out)
                     latency = self.step_seconds(out.shape)
                     start = max(env.now, stage_free)
                     stage_free = start + latency / pp
                     inflight.append((out, start, start + latency))
                     self.busy_seconds += latency / pp
-                    continue
+                    if len(inflight) < pp and inflight[0][2] > env.now:
+                        continue  # vLLM blocks only when full or the oldest batch is done
+                elif out.preempted and not inflight:
+                    continue  # blocks were freed: schedule again at once
+                elif inflight:  # vLLM queues the empty batch too: it holds a slot until the
+                    inflight.append((None, env.now, env.now))  # batches ahead return
             if not inflight:
                 yield from self._idle()
                 continue
             out, start, done = inflight.popleft()
+            if out is None:
+                continue
             if done > env.now:
                 yield env.timeout(done - env.now)
             now = env.now
@@ -248,6 +440,8 @@ class Replica:
             record(out, now, now - start)
             for r in finished:
                 self.on_finish(r)
+            if self._aborts:
+                self._apply_aborts()
 
 
 class Parked:
@@ -322,21 +516,31 @@ class Parked:
         return spec, send
 
 
+LB_REFRESH_S = 0.1  # vLLM DPCoordinator: min_stats_update_interval_ms = 100
+
+
 class Client:
     """``vllm bench serve`` as a SimPy process: sends, concurrency limit, rejections, sessions."""
 
     def __init__(self, env: simpy.Environment, specs: Iterable[RequestSpec],
                  replicas: list[Replica], recorder: Recorder, *, max_model_len: int,
                  num_gpu_blocks: int, block_size: int, max_concurrency: int | None,
+                 max_request_blocks: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 park_after: int | None = None):
+                 park_after: int | None = None, control: dict | None = None,
+                 frontend=None):
         self.env = env
+        # API servers between client and engines (simulator/frontend.py): a sent request
+        # reaches an engine through frontend.submit → self._admit.
+        self.frontend = frontend
         self.specs = iter(specs)
         self.replicas = replicas
         self.rec = recorder
         self.max_model_len = max_model_len
         self.max_blocks = num_gpu_blocks - 1  # the null block is never usable
         self.block_size = block_size
+        # Blocks one request can hold at most (sliding window: the window's, not the length's)
+        self.max_request_blocks = max_request_blocks
         self.max_concurrency = max_concurrency
         self.on_progress = on_progress
         self.in_flight = 0
@@ -345,7 +549,10 @@ class Client:
         self._queue = Parked()  # client-side queue under max_concurrency (compact, FIFO)
         self._children: dict[str, list[RequestSpec]] = {}
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
-        self._rr = 0
+        # vLLM's DP load balancer (DPLBAsyncMPClient): per-engine [waiting, running] as last
+        # published by the DP coordinator, refreshed every LB_REFRESH_S of simulated time.
+        self._lb_counts: list[list[int]] = [[0, 0] for _ in replicas]
+        self._lb_next = 0.0
         self._live: dict[int, Request] = {}  # sent, not yet ended
         # Compact queue behind a single FCFS engine's first ``park_after`` waiting requests
         # (see Parked); the recorder moves them in after every step and counts them waiting.
@@ -353,7 +560,15 @@ class Client:
         self.parked = Parked() if park_after is not None and len(replicas) == 1 else None
         if self.parked is not None:
             recorder.parked, recorder.refill = self.parked, self.refill
-        self.process = env.process(self._arrivals())
+        # Load stages, warm-up, request timeouts (simulator/client_control.py); None: plain
+        # ``vllm bench serve`` behaviour, and no per-request work at all.
+        self.control = None
+        if control:
+            from servesim.simulator.client_control import ClientControl
+
+            self.control = ClientControl(self, **control)
+        self.process = env.process(self.control.run() if self.control is not None
+                                   and self.control.staged else self._arrivals())
 
     def _arrivals(self):
         env = self.env
@@ -383,6 +598,13 @@ class Client:
 
     def _send(self, spec: RequestSpec) -> None:
         env = self.env
+        if self.control is not None:
+            self.control.sending(spec)
+        if self.frontend is not None:  # through the API servers (simulator/frontend.py),
+            self.num_sent += 1  # which call _arrive when it reaches the engine core
+            self.in_flight += 1
+            self.frontend.submit(spec, env.now)
+            return
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1
         reason = self._reject_reason(req)
@@ -393,19 +615,60 @@ class Client:
             self._end(req)
             return
         self.in_flight += 1
+        if self.control is not None:
+            self.control.sent(req)
+        self._admit(req)
+
+    def _arrive(self, req: Request) -> None:
+        """A request through the frontend reaches the engine core; vLLM's API server refuses
+        it just before (after tokenization), else it is admitted."""
+        reason = self._reject_reason(req)
+        if reason:
+            req.error = reason
+            req.status = RequestStatus.FINISHED_IGNORED
+            req.finish_time = self.env.now
+            self.on_finish(req)
+            return
+        if self.control is not None:
+            self.control.sent(req)
+        self._admit(req)
+
+    def _admit(self, req: Request) -> None:
+        """``req`` reaches the engine core(s): park it or route it to a replica."""
+        spec = req.spec
         parked = self.parked
         if parked is not None and (len(parked) or
                                    self.replicas[0].scheduler.num_waiting >= self.park_after):
-            parked.push(spec, env.now)
+            self._live.pop(req.index, None)
+            parked.push(spec, req.send_time)
+            if self.frontend is not None:
+                self.frontend.held.push(req)
             return
         self._live[req.index] = req
         if len(self.replicas) == 1:
             self.replicas[0].add_request(req)
-        else:  # vLLM DP load balancing: least (waiting·4 + running), ties round-robin
-            n = len(self.replicas)
-            best = min(range(n), key=lambda i: (self.replicas[(self._rr + i) % n].load, i))
-            self.replicas[(self._rr + best) % n].add_request(req)
-            self._rr = (self._rr + 1) % n
+        else:
+            self.replicas[self._route()].add_request(req)
+
+    def _route(self) -> int:
+        """vLLM's DP load balancing (``DPLBAsyncMPClient.get_core_engine_for_request``): the
+        engine with the least ``waiting·4 + running`` in the coordinator's last published
+        counts (every ``LB_REFRESH_S``), scanning from engine 0, first minimum wins; the chosen
+        engine's waiting count is then incremented locally until the next refresh."""
+        now = self.env.now
+        counts = self._lb_counts
+        if now >= self._lb_next:
+            for i, rep_ in enumerate(self.replicas):
+                counts[i][0] = rep_.scheduler.num_waiting
+                counts[i][1] = rep_.scheduler.num_running
+            self._lb_next = now + LB_REFRESH_S
+        best, best_score = 0, None
+        for i, (waiting, running) in enumerate(counts):
+            score = waiting * 4 + running
+            if best_score is None or score < best_score:
+                best, best_score = i, score
+        counts[best][0] += 1
+        return best
 
     def refill(self) -> None:
         """Move parked requests into the engine until it has ``park_after`` waiting."""
@@ -414,26 +677,38 @@ class Client:
         while len(parked) and sched.num_waiting < self.park_after:
             spec, send = parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            if self.frontend is not None:
+                self.frontend.held.pop_into(req)
             self._live[req.index] = req
             replica.add_request(req)
 
     def _reject_reason(self, req: Request) -> str:
+        """Why the API server refuses ``req`` ("" if it does not): an empty prompt, vLLM's
+        context-length check (``TokenizeParams._token_len_check``: prompt + max_tokens must
+        fit in max_model_len, whether or not ``ignore_eos`` is set; without an explicit
+        ``max_tokens`` it is what fits, at least 1), or a sequence the whole KV cache cannot
+        hold."""
         mml = self.max_model_len
         if req.prompt_len <= 0:
             return "empty prompt"
-        if req.prompt_len > mml:
-            return (f"prompt ({req.prompt_len} tokens) is longer than max_model_len ({mml})")
-        if req.eos_after is None and req.prompt_len + req.max_tokens > mml:
-            return (f"max_model_len is {mml} tokens but {req.prompt_len + req.max_tokens} were "
-                    f"requested ({req.prompt_len} prompt + {req.max_tokens} max_tokens)")
+        p, m = req.prompt_len, req.max_tokens
+        if p + m > mml:
+            return (f"This model's maximum context length is {mml} tokens. However, you "
+                    f"requested {m} output tokens and your prompt contains {p} input tokens, "
+                    f"for a total of {p + m} tokens. Please reduce the length of the input "
+                    "prompt or the number of requested output tokens.")
         final = req.prompt_len + min(req.max_tokens, req.eos_after or req.max_tokens)
         need = -(-min(final, mml) // self.block_size)
+        if self.max_request_blocks is not None:
+            need = min(need, self.max_request_blocks)
         if need > self.max_blocks:
             return (f"needs {need} KV blocks, more than the whole cache ({self.max_blocks}); "
                     "vLLM would never schedule it")
         return ""
 
     def on_finish(self, req: Request) -> None:
+        if self.control is not None and self._live.get(req.index) is not req:
+            return  # the client gave it up (timeout, cancellation) before the engine ended it
         self.in_flight -= 1
         self._end(req)
         while len(self._queue) and (self.max_concurrency is None
@@ -446,6 +721,11 @@ class Client:
         every request of the workload has a row. Normally there is none."""
         while self.parked is not None and len(self.parked):
             spec, send = self.parked.pop()
+            req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+            if self.frontend is not None:
+                self.frontend.held.pop_into(req)
+            self._live[req.index] = req
+        for spec, send in (self.frontend.drain() if self.frontend is not None else ()):
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             self._live[req.index] = req
         for req in sorted(self._live.values(), key=lambda r: r.index):
@@ -462,6 +742,8 @@ class Client:
     def _end(self, req: Request) -> None:
         self._live.pop(req.index, None)
         reason = FINISHED_REASON.get(req.status, "in_flight")
+        if self.control is not None:
+            reason = self.control.reason(req, reason)
         self.rec.record_request(req, reason)
         self.num_done += 1
         rid = req.request_id
@@ -474,6 +756,8 @@ class Client:
                 self.env.process(self._delayed(spec, delay))
         if self.on_progress is not None:
             self.on_progress(self.num_done)
+        if self.control is not None:
+            self.control.ended(req)
 
     def _delayed(self, spec: RequestSpec, delay: float):
         if delay > 0:

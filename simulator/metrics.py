@@ -58,7 +58,22 @@ STEP_COLUMNS = (
 
 # Raw per-request fields the engine records (floats), then the three string fields.
 RAW_FIELDS = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
-              "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+              "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",
+              "warmup", "attempts",
+              "frontend_arrival_s", "tokenized_s", "queued_s", "engine_first_token_s",
+              "engine_finish_s", "first_token_iter_s", "finish_iter_s")
+# requests.csv columns of runs with a client control (stages, warm-up, timeouts), after the rest
+CLIENT_COLUMNS = ("stage", "warmup", "attempts")
+# Engine-side per-request columns (s), as vLLM's Prometheus histograms measure them:
+# engine_ttft_s  = vllm:time_to_first_token_seconds   (output handler's iteration timestamp of
+#                  the first token − the API server's arrival_time)
+# engine_e2el_s  = vllm:e2e_request_latency_seconds   (same, for the last token)
+# engine_tpot_s  = vllm:request_time_per_output_token_seconds (decode time / (outputs − 1))
+# queue_s        = vllm:request_queue_time_seconds    (first scheduled − queued in the engine)
+# prefill_s      = vllm:request_prefill_time_seconds  (first token − first scheduled, engine)
+# decode_s       = vllm:request_decode_time_seconds   (last token − first token, engine)
+# Without a frontend the engine times are the client's (arrival = queued = send).
+ENGINE_COLUMNS = ("engine_ttft_s", "engine_e2el_s", "engine_tpot_s", "prefill_s", "decode_s")
 RAW_STRINGS = ("request_id", "finished_reason", "error")
 COMPLETED_REASONS = ("stop", "length")
 
@@ -68,12 +83,16 @@ EXACT_SAMPLES = 2_000_000  # a Distribution keeps this many raw samples, then sk
 SKETCH_RELATIVE_ACCURACY = 0.001  # DDSketch alpha: |estimate - x_rank| <= alpha * x_rank
 
 
-def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def derive_request_columns(raw: Mapping[str, np.ndarray],
+                           client_columns: bool = False) -> dict[str, np.ndarray]:
     """Raw engine fields of some requests → the ``RunResult.requests`` columns.
 
-    TTFT = first token − send, E2EL = finish − send (NaN unless finished stop/length),
-    TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1, queue = first scheduled − send.
-    Row-wise, so any window of rows gives the same values as the whole run."""
+    TTFT = first token − send, E2EL = finish − send (client-visible times; NaN unless
+    finished stop/length), TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1,
+    queue = first scheduled − queued in the engine; engine-side columns: ``ENGINE_COLUMNS``.
+    Row-wise, so any window of rows gives the same values as the whole run. ``client_columns``
+    adds ``stage`` (load stage index), ``warmup`` (bool: excluded from the metrics) and
+    ``attempts`` (sends, > 1 after timeouts with retries) for runs that use them."""
     send = raw["send_s"]
     reason = raw["finished_reason"]
     out = raw["output_len"]
@@ -82,6 +101,22 @@ def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
     e2el = np.where(ok, raw["finish_s"] - send, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(ok & (out > 1), (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    e_first = raw.get("engine_first_token_s")
+    if e_first is None:  # rows written before the frontend existed
+        n = len(send)
+        e_first = e_fin = it_first = it_fin = np.full(n, np.nan)
+        arrival = queued = send
+    else:
+        e_fin, it_first, it_fin = (raw["engine_finish_s"], raw["first_token_iter_s"],
+                                   raw["finish_iter_s"])
+        arrival, queued = raw["frontend_arrival_s"], raw["queued_s"]
+    e_first = np.where(np.isnan(e_first), raw["first_token_s"], e_first)
+    e_fin = np.where(np.isnan(e_fin), raw["finish_s"], e_fin)
+    it_first = np.where(np.isnan(it_first), raw["first_token_s"], it_first)
+    it_fin = np.where(np.isnan(it_fin), raw["finish_s"], it_fin)
+    decode = np.where(ok, e_fin - e_first, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e_tpot = np.where(ok & (out > 1), decode / np.maximum(out - 1, 1), np.nan)
     return {
         "request_id": raw["request_id"],
         "arrival_s": raw["arrival_s"],
@@ -94,12 +129,25 @@ def derive_request_columns(raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2el_s": e2el,
-        "queue_s": raw["first_scheduled_s"] - send,
+        "queue_s": raw["first_scheduled_s"] - queued,
         "num_preemptions": raw["num_preemptions"].astype(np.int64),
         "finished_reason": reason,
         "send_s": send,
         "error": raw["error"],
-    }
+        "engine_ttft_s": np.where(ok, it_first - arrival, np.nan),
+        "engine_e2el_s": np.where(ok, it_fin - arrival, np.nan),
+        "engine_tpot_s": e_tpot,
+        "prefill_s": np.where(ok, e_first - raw["first_scheduled_s"], np.nan),
+        "decode_s": decode,
+        # the frontend's timestamps (TTFT breakdown, reports)
+        "frontend_arrival_s": arrival,
+        "tokenized_s": raw.get("tokenized_s", send),
+        "queued_s": queued,
+        "engine_first_token_s": e_first,
+        "first_token_iter_s": it_first,
+    } | ({"stage": np.asarray(raw["stage"]).astype(np.int64),
+          "warmup": np.asarray(raw["warmup"]) > 0,
+          "attempts": np.asarray(raw["attempts"]).astype(np.int64)} if client_columns else {})
 
 
 class RequestLog:
@@ -212,14 +260,15 @@ class LazyRequests(Mapping):
     """``RunResult.requests`` of a spilled run: each column is assembled from the spool when
     read (O(n) for that column only). Prefer ``RunResult.iter_requests`` for streaming."""
 
-    def __init__(self, log: RequestLog):
+    def __init__(self, log: RequestLog, client_columns: bool = False):
         self._log = log
-        self._keys = tuple(derive_request_columns(_empty_raw()))
+        self._client = client_columns
+        self._keys = tuple(derive_request_columns(_empty_raw(), client_columns))
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._keys:
             raise KeyError(key)
-        parts = [derive_request_columns(w)[key] for w in self._log.windows()]
+        parts = [derive_request_columns(w, self._client)[key] for w in self._log.windows()]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def __iter__(self):
@@ -368,6 +417,18 @@ class RunResult:
     capacity: dict[str, Any] = field(default_factory=dict)
     request_log: RequestLog | None = None
     itl_stream: Distribution | None = None
+    # Runs with a client control (stages, warm-up, timeouts): requests carry the
+    # CLIENT_COLUMNS, and ``stage_itl`` holds the ITL samples emitted during each stage.
+    client_columns: bool = False
+    stage_itl: dict[int, Distribution] | None = None
+    # Cluster runs (simulator/cluster/): one RunResult per instance, written under
+    # ``instances/<name>/``; keys added to result.json after servesim's extras; extra files
+    # (name → text) such as ``routing.csv``. Empty for single-engine runs.
+    instances: list[tuple[str, RunResult]] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    engine_itl: Distribution | None = None  # engine-side inter-token gaps (with a frontend)
+    frontend: dict[str, Any] = field(default_factory=dict)  # enable, params, provenance
 
     @property
     def num_requests(self) -> int:
@@ -385,7 +446,7 @@ class RunResult:
         run is in memory), in request-index order."""
         if self.streamed:
             for w in self.request_log.windows(rows or CHUNK_ROWS):
-                yield derive_request_columns(w)
+                yield derive_request_columns(w, self.client_columns)
             return
         req = self.requests
         n = len(req["finished_reason"])
@@ -408,4 +469,6 @@ class RunResult:
         """Remove the spooled per-request files (large runs)."""
         if self.request_log is not None:
             self.request_log.close()
+        for _, sub in self.instances:
+            sub.close()
 

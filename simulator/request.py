@@ -67,6 +67,7 @@ class Request:
         "d_mark",
         "eos_after",
         "error",
+        "fe",
         "finish_time",
         "first_scheduled_time",
         "first_token_time",
@@ -76,19 +77,26 @@ class Request:
         "num_cached_blocks",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_output_placeholders",
         "num_output_tokens",
         "num_preemptions",
         "num_tokens",
         "prefix_block_ids",
         "prev_blocks",
+        "prev_token_time",
         "priority",
         "prompt_len",
         "prompt_token_ids",
         "request_id",
         "root_hash",
+        "run_seq",
+        "sched_seq",
         "send_time",
         "spec",
+        "spec_inflight",
+        "spec_tokens",
         "status",
+        "stop_pending",
     )
 
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
@@ -103,11 +111,26 @@ class Request:
             self.max_tokens = max(max_model_len - self.prompt_len, 1)
             self.eos_after = int(spec.output_len)
         self.priority = spec.priority
-        self.arrival_time = send_time  # engine arrival == client send (no network model)
+        # vLLM's arrival_time (the API server's renderer starts; priority order): the client's
+        # send time unless a frontend (simulator/frontend.py) moves it later. ``fe``: the
+        # frontend's timestamps (``frontend.FE_*``), None without one; with one,
+        # first_token_time / finish_time are the client's.
+        self.arrival_time = send_time
         self.send_time = send_time
+        self.fe = None
         self.num_tokens = self.prompt_len
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        # Async scheduling with several batches in flight (pipeline parallelism): outputs
+        # scheduled but not yet returned (vLLM ``num_output_placeholders``).
+        self.num_output_placeholders = 0
+        # Async scheduling, one batch in flight: the finished status this request reaches when
+        # the batch in flight returns (its stop is not yet known to vLLM's scheduler).
+        self.stop_pending: RequestStatus | None = None
+        # Speculative decoding (simulator/spec_decode.py): drafts to verify next step (vLLM
+        # ``len(spec_token_ids)``), and (batch, rejected, accepted) of the batch in flight.
+        self.spec_tokens = 0
+        self.spec_inflight: tuple | None = None
         self.status = RequestStatus.WAITING
         self.blocks: list = []
         self.num_cached_blocks = 0
@@ -117,6 +140,7 @@ class Request:
         self.first_scheduled_time = float("nan")
         self.first_token_time = float("nan")
         self.last_token_time = float("nan")
+        self.prev_token_time = float("nan")  # the token before the last (async delivery)
         self.finish_time = float("nan")
         self.prefix_block_ids = spec.prefix_block_ids or ()
         self.prompt_token_ids = spec.prompt_token_ids
@@ -127,6 +151,8 @@ class Request:
         # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
         self.d_mark = -1
         self.d_computed = 0
+        self.run_seq = 0  # position in the scheduler's running order (admission counter)
+        self.sched_seq = -2  # the last batch in which a row of it sampled (async caching)
 
     # -- prefix-cache content ------------------------------------------------------------------
     def num_shared_blocks(self, block_size: int) -> int:

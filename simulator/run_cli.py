@@ -41,6 +41,9 @@ def run(
     overwrite: bool = OVERWRITE_OPT,
     as_json: bool = JSON_OPT,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing but errors"),
+    formats: list[str] | None = typer.Option(  # noqa: B008
+        None, "--format", help="Also write the run as a benchmark client would: "
+        "inference-perf, guidellm, aiperf (repeatable or comma-separated)"),
 ) -> None:
     """Simulate one experiment and write result.json, requests.csv, timeseries.csv.
 
@@ -52,6 +55,14 @@ def run(
     from servesim.simulator.errors import Interrupted, in_file
     from servesim.simulator.runner import run_experiment
 
+    fmts = [f.strip() for item in formats or [] for f in item.split(",") if f.strip()]
+    if fmts:
+        from servesim.reports.clients import FORMATS
+        from servesim.simulator.errors import ServesimError
+
+        bad = [f for f in fmts if f not in FORMATS]
+        if bad:
+            raise ServesimError(f"--format: {bad[0]!r} is not one of {', '.join(FORMATS)}")
     cfg = load(config, overrides, seed)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     outdir = output_dir or Path("results") / f"{Path(config).stem}-{stamp}"
@@ -60,7 +71,7 @@ def run(
     try:
         with in_file(config):
             result = run_experiment(cfg, resolved=True, spool_dir=str(out.staging.parent))
-        bench = write_run(result, out)
+        bench = write_run(result, out, formats=fmts)
         if as_json:  # streamed window by window (per-request lists of a large run)
             write_result(sys.stdout, bench)
             return

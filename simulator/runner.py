@@ -10,6 +10,8 @@ import numpy as np
 import simpy
 from servesim.simulator.config import ExperimentConfig, resolve_config
 from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.errors import ConfigError
+from servesim.simulator.frontend import Frontend, resolve_frontend
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
     LazyRequests,
@@ -30,14 +32,16 @@ PARK_AFTER_SEQS = 2
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                    progress: Callable[[int, int | None], None] | None = None,
-                   fast_path: bool = True, spool_dir: str | None = None) -> RunResult:
+                   fast_path: bool = True, spool_dir: str | None = None,
+                   cost_model=None) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
     ``progress(num_done, num_total)`` is called as requests end (``num_total`` may be None).
     Raises ``ConfigError`` / ``CapacityError`` (one-line, user-facing) before simulating when
     the config cannot run, as vLLM would fail at start-up. Runs of more than
     ``metrics.EXACT_REQUESTS`` requests spill per-request rows to ``spool_dir`` (default: a
-    temporary folder); ``RunResult.close()`` removes them.
+    temporary folder); ``RunResult.close()`` removes them. ``cost_model``: a prebuilt
+    ``StepCostModel`` for ``cfg`` (``simulate fit`` reuses one while varying its host terms).
     """
     from servesim.costmodels import build_cost_model, plan_memory
     from servesim.workloads import build_workload
@@ -45,8 +49,15 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     t0 = time.perf_counter()
     if not resolved:
         cfg = resolve_config(cfg)
+    if cfg.cluster is not None or cfg.cache.kv_offload is not None:
+        from servesim.simulator.cluster.runner import run_cluster
+
+        return run_cluster(cfg, progress=progress, fast_path=fast_path, spool_dir=spool_dir)
     pp = cfg.parallel.pipeline_parallel_size
-    batches = pp  # vLLM: max_concurrent_batches = pipeline_parallel_size
+    async_sched = bool(cfg.scheduler.async_scheduling)
+    # vLLM executors: max_concurrent_batches = pp (pp > 1); with pp == 1 async scheduling
+    # keeps two batches in flight (Replica._run_async).
+    batches = pp
     if pp > 1 and cfg.scheduler.policy not in ("fcfs", "priority"):
         batches = 1
         warnings.warn(
@@ -62,7 +73,17 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     workload = build_workload(cfg.workload, block_size=block_size, max_model_len=mml)
     mem = plan_memory(cfg)
     num_gpu_blocks = mem.num_gpu_blocks
-    cost = build_cost_model(cfg)
+    cost = cost_model if cost_model is not None else build_cost_model(cfg)
+    # speculative decoding / multi-LoRA (simulator/spec_decode.py, lora.py): the exact loop
+    spec_cfg, lora_cfg = cfg.speculative_config, cfg.lora
+    seed = int(getattr(cfg.workload, "seed", 0) or 0)
+    lora_load = None
+    if lora_cfg.enable_lora:
+        from servesim.costmodels.lora import load_seconds
+        from servesim.simulator.lora import AdapterAssignment
+
+        workload = AdapterAssignment(workload, lora_cfg, seed)
+        lora_load = load_seconds(cfg, cost.spec, cost.hw, cost.host.launch_s)
     params = SchedulerParams(
         max_num_seqs=cfg.scheduler.max_num_seqs,
         max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
@@ -71,25 +92,65 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         long_prefill_token_threshold=cfg.scheduler.long_prefill_token_threshold,
         enable_chunked_prefill=cfg.scheduler.enable_chunked_prefill,
         policy=cfg.scheduler.policy,
+        reserve_full_isl=cfg.scheduler.reserve_full_isl,
+        async_scheduling=async_sched,
     )
 
     env = simpy.Environment()
     rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
+    spec_totals, lora_states = _step_columns(rec, spec_cfg, lora_cfg)
     replicas: list[Replica] = []
     client_box: list[Client] = []
+    fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
+    frontend = None
+    if fe_params is not None:  # API servers between client and engines (frontend.py)
+        frontend = Frontend(env, fe_params, n_api, lambda r: client_box[0]._arrive(r),
+                            lambda r: client_box[0].on_finish(r), rec, max_model_len=mml)
+        rec.on_step = frontend.on_step
+        on_finish = frontend.on_engine_finish
+    else:
+        def on_finish(req):
+            client_box[0].on_finish(req)
 
-    def on_finish(req):
-        client_box[0].on_finish(req)
-
+    window = cost.spec.sliding_window
+    window = window if window and window < mml else None  # a window ≥ max_model_len is moot
     for i in range(cfg.parallel.data_parallel_size):
         kv = kv_factory(num_gpu_blocks, block_size, cfg.cache.enable_prefix_caching, mml)
-        try:  # several batches in flight break the decode group's every-step invariant
-            sched = sched_factory(params, kv, fast_path=fast_path and batches == 1)
+        if window and hasattr(kv, "set_sliding_window"):
+            kv.set_sliding_window(window, cfg.scheduler.max_num_batched_tokens)
+        try:  # several batches in flight break the decode group's every-step invariant, and
+            # a sliding window frees blocks on the decode path (exact loop); so do spec decode
+            # (1 + k tokens per decode row) and LoRA (max_loras per step)
+            sched = sched_factory(params, kv, fast_path=fast_path and batches == 1
+                                  and not window and spec_cfg is None
+                                  and not lora_cfg.enable_lora)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
-        replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
-                                max_concurrent_batches=batches))
+        if (spec_cfg is not None or lora_cfg.enable_lora) and not _runs_vllm_loop(sched):
+            raise ConfigError(
+                f"scheduler.policy: {cfg.scheduler.policy} runs its own scheduling loop; "
+                "speculative_config and lora are modelled on vLLM's (fcfs, priority, or a "
+                "policy that keeps Scheduler.schedule and its waiting queue)")
+        if spec_cfg is not None:
+            from servesim.simulator.spec_decode import SpecDecoding
 
+            sched.enable_spec_decode(SpecDecoding(spec_cfg, np.random.default_rng(
+                [seed, i, 0x5BEC])))
+        if lora_cfg.enable_lora:
+            from servesim.simulator.lora import LoRAScheduling
+
+            sched.enable_lora(LoRAScheduling(lora_cfg, lora_load))
+            lora_states.append(sched.lora)
+        replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
+                                max_concurrent_batches=batches, async_scheduling=async_sched))
+
+    meta = workload.meta
+    control = _client_control(cfg, meta)
+    park_after = _park_after(cfg)
+    if control is not None and (control["request_timeout_s"] is not None or any(
+            st.get("grace_s") is not None for st in control["stages"] or ())):
+        park_after = None  # aborts take requests out of the engine's queues, not the park's
+    max_concurrency = meta.get("client_max_concurrency", cfg.workload.max_concurrency)
     total = workload.meta.get("num_prompts")
     with phase("simulating", total) as tick:
         if progress is None:
@@ -100,16 +161,24 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                 progress(n, total)
         client = Client(env, workload, replicas, rec, max_model_len=mml,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                        max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
-                        park_after=_park_after(cfg))
+                        max_request_blocks=mem.blocks_per_request,
+                        max_concurrency=max_concurrency, on_progress=cb,
+                        park_after=park_after, control=control, frontend=frontend)
         client_box.append(client)
+        if frontend is not None:
+            # the client acts on a finish (a free concurrency slot, a stage barrier, a
+            # timeout watch) only when it sees it: after the step's output work
+            frontend.defer_finish = max_concurrency is not None or control is not None
+            frontend.admit, frontend.client_finish = client._arrive, client.on_finish
         env.run()
         client.finalize()
     wall = time.perf_counter() - t0
 
     rec.flush()
     log = rec.log
-    requests = LazyRequests(log) if log.spilled else derive_request_columns(log.all_rows())
+    client_cols = control is not None
+    requests = (LazyRequests(log, client_cols) if log.spilled
+                else derive_request_columns(log.all_rows(), client_cols))
     if rec.itl.exact:
         itl_values, itl_counts = rec.itl.exact_sample()
         itl_stream = None
@@ -135,21 +204,107 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         "gpu_busy_seconds": sum(r.busy_seconds for r in replicas),
         "wall_seconds": wall,
     }
-    meta = dict(workload.meta)
+    if spec_totals is not None:
+        counters.update(spec_totals.counters())
+    if lora_states:
+        for st in lora_states:
+            for k, v in st.counters().items():
+                counters[k] = counters.get(k, 0) + v if k != "lora_max_active_adapters" \
+                    else max(counters.get(k, 0), v)
+        counters["lora_adapters_seen"] = len(set().union(*(st.adapters_seen
+                                                           for st in lora_states)))
+    fe_info: dict = {"enable": frontend is not None}
+    if frontend is not None:
+        counters["api_server_busy_seconds"] = sum(frontend.busy_seconds)
+        counters["tokenizer_batches"] = frontend.num_batches
+        fe_info.update(api_server_count=n_api, params=fe_params.as_dict(), provenance=fe_prov)
+    meta = {k: v for k, v in workload.meta.items() if not k.startswith("_")}
+    if client.control is not None:
+        meta["stage_windows"] = client.control.stage_windows
+        if control["request_timeout_s"] is not None:
+            meta["request_timeout_s"] = control["request_timeout_s"]
+            meta["max_retries"] = control["max_retries"]
     return RunResult(config=cfg, requests=requests, itl_values=itl_values,
                      itl_counts=itl_counts, steps=steps, counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
-                     request_log=log if log.spilled else None, itl_stream=itl_stream)
+                     request_log=log if log.spilled else None, itl_stream=itl_stream,
+                     client_columns=client_cols,
+                     stage_itl=dict(rec.stage_itl) if rec.stage_itl else None,
+                     engine_itl=rec.engine_itl if frontend is not None else None,
+                     frontend=fe_info)
+
+
+def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:
+    """The client's stages / warm-up / timeout settings (``simulator/client_control.py``), or
+    None for a plain ``vllm bench serve`` client. ``client.*`` keys of the config win over
+    what a profile workload sets."""
+    prof = meta.get("client") or {}
+    timeout = cfg.client.request_timeout_s
+    if timeout is None:
+        timeout = prof.get("request_timeout_s")
+    retries = cfg.client.max_retries
+    if retries is None:
+        retries = prof.get("max_retries", 0)
+    if not (meta.get("stages") or meta.get("warmup") or timeout is not None):
+        return None
+    return {"stages": meta.get("stages"), "warmup": meta.get("warmup"),
+            "request_timeout_s": timeout, "max_retries": retries or 0, "meta": meta}
+
+
+def _runs_vllm_loop(sched) -> bool:
+    """Whether ``sched`` schedules with vLLM's loops (where the spec-decode and LoRA hooks
+    are): a Scheduler that overrides none of them and keeps vLLM's waiting queue."""
+    from servesim.simulator.scheduler import Scheduler, _WaitingQueue
+
+    cls = type(sched)
+    return (isinstance(sched, Scheduler) and type(sched.waiting) is _WaitingQueue
+            and all(getattr(cls, m) is getattr(Scheduler, m) for m in (
+                "schedule", "_schedule_running_exact", "_schedule_waiting", "_clamp",
+                "update_from_output", "_build_shape")))
+
+
+def _step_columns(rec: Recorder, spec_cfg, lora_cfg):
+    """Extra ``timeseries.csv`` columns: vLLM's ``vllm:spec_decode_*`` counters (and
+    ``vllm:generation_tokens_total``) with speculative decoding; the LoRA gauge and load
+    counters with LoRA. Returns (spec totals or None, list to collect LoRA states in)."""
+    lora_states: list = []
+    totals = None
+    names: list[str] = []
+    if spec_cfg is not None:
+        from servesim.simulator.spec_decode import SpecDecodeTotals
+
+        totals = SpecDecodeTotals(spec_cfg.num_speculative_tokens)
+        names += totals.columns()
+    if lora_cfg.enable_lora:
+        names += ["lora_num_active_adapters", "lora_loads_from_cpu_total",
+                  "lora_loads_from_disk_total"]
+    if not names:
+        return None, lora_states
+    n_spec = len(totals.columns()) if totals is not None else 0
+    cols: list = []
+
+    def on_step(out) -> None:
+        if totals is not None:
+            totals.add(out.spec_decoding_stats)
+            for col, v in zip(cols, totals.row()):
+                col.append(v)
+        if lora_states:
+            lc = cols[n_spec:]
+            lc[0].append(out.shape.num_loras)
+            lc[1].append(sum(st.num_loads_cpu for st in lora_states))
+            lc[2].append(sum(st.num_loads_disk for st in lora_states))
+
+    cols.extend(rec.add_step_columns(names, on_step))
+    return totals, lora_states
 
 
 def _park_after(cfg: ExperimentConfig) -> int | None:
     """How many waiting requests a single vLLM-FCFS engine holds before the client parks the
     rest compactly (``engine.Parked``); None where parking could change a decision (other
-    policies reorder or scan the whole queue; without chunked prefill too-long requests are
-    skipped past; several replicas route by queue length)."""
+    policies reorder or scan the whole queue; several replicas route by queue length; LoRA's
+    waiting loop skips past requests whose adapter cannot join)."""
     s = cfg.scheduler
-    if (s.policy != "fcfs" or not s.enable_chunked_prefill
-            or cfg.parallel.data_parallel_size != 1):
+    if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1 or cfg.lora.enable_lora:
         return None
     return PARK_AFTER_SEQS * s.max_num_seqs + 64
 
@@ -201,9 +356,12 @@ class StepSampler:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The ``RunResult.steps`` dict (``STEP_COLUMNS`` names)."""
+        # STEP, then extra columns (spec decode, LoRA)
+        keys = list(self._raw[0] if self._raw else self._rows[0] if self._rows else
+                    self._carry if self._carry is not None else Recorder.STEP)
         if self.interval is None:
             s = {k: np.concatenate([c[k] for c in self._raw]) if self._raw else np.zeros(0)
-                 for k in Recorder.STEP}
+                 for k in keys}
             if len(s["time_s"]) > 1:  # several replicas interleave: order by time
                 order = np.argsort(s["time_s"], kind="stable")
                 s = {k: v[order] for k, v in s.items()}
@@ -214,6 +372,6 @@ class StepSampler:
                 last["time_s"] = (np.floor(last["time_s"] / self.interval) + 1) * self.interval
                 rows.append(last)
             s = {k: np.concatenate([r[k] for r in rows]) if rows else np.zeros(0)
-                 for k in Recorder.STEP}
+                 for k in keys}
         names = dict(zip(Recorder.STEP, STEP_COLUMNS))
-        return {names[k]: v for k, v in s.items()}
+        return {names.get(k, k): v for k, v in s.items()}

@@ -12,6 +12,15 @@ A sweep file (YAML)::
     seeds: [0, 1, 2]                                   # or num_seeds: 3  (-> 0, 1, 2)
     request_rates: [2, 4, inf]                         # sets workload.request_rate
     baseline: fcfs                                     # A/B baseline; default: the first arm
+    profile_sweep: {sweep_size: 10, strategy: constant, max_concurrency: 512}   # GuideLLM sweep
+
+``profile_sweep`` (instead of ``request_rates``) sweeps load the way GuideLLM's ``sweep``
+profile does, per arm: a ``synchronous`` point (one request at a time: ``max_concurrency: 1``,
+rate inf), a ``throughput`` point (rate inf, ``max_concurrency``), then ``sweep_size − 2``
+points at the rates ``linspace(sync, throughput, sweep_size − 1)[1:]`` between the two
+measured request throughputs (mean over seeds), ``constant`` (``burstiness: inf``) or
+``poisson`` arrivals, capped at ``max_concurrency``. One point (folder) per rate:
+``BENCH-synchronous``, ``BENCH-throughput``, ``BENCH-<rate>``.
 
 Points = arms × rates × seeds. Every arm of a seed gets ``workload.seed = seed``, so all arms
 replay the same request stream (common random numbers) and A/B differences are paired.
@@ -56,7 +65,7 @@ from servesim.simulator.experiments.store import (
 
 SPEC_KEYS = (
     "base", "experiment_name", "description", "arms", "grid", "seeds", "num_seeds",
-    "request_rates", "overrides", "baseline",
+    "request_rates", "overrides", "baseline", "profile_sweep",
 )
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=,+-]*$")
 
@@ -103,6 +112,8 @@ class SweepSpec:
     baseline: str | None = None
     description: str = ""
     rate_labels: dict[tuple[str, float | None], str] = field(default_factory=dict)
+    profile_sweep: dict | None = None  # GuideLLM-style sweep (see module doc)
+    profile_rates: dict[str, list[float]] = field(default_factory=dict)  # arm -> derived rates
 
     @property
     def override_keys(self) -> list[str]:
@@ -116,6 +127,8 @@ class SweepSpec:
 
     def points(self) -> list[SweepPoint]:
         """All points, in the canonical order (arm, rate, seed)."""
+        if self.profile_sweep is not None:
+            return self.sweep_points(1) + self.sweep_points(2)
         out = []
         for i, arm in enumerate(self.arms):
             for rate in self.rates:
@@ -126,6 +139,36 @@ class SweepSpec:
                         seed=seed, overrides=self.overrides + arm.overrides,
                         arm_overrides=arm.overrides,
                     ))
+        return sorted(out, key=SweepPoint.sort_key)
+
+    def sweep_points(self, phase: int) -> list[SweepPoint]:
+        """``profile_sweep`` points: phase 1 synchronous + throughput, phase 2 the rates
+        between (for arms whose rates are known)."""
+        ps = self.profile_sweep or {}
+        mc = ps.get("max_concurrency")
+        out = []
+        for i, arm in enumerate(self.arms):
+            base = self.overrides + arm.overrides
+            if phase == 1:
+                todo = [("synchronous", (("workload.request_rate", "inf"),
+                                         ("workload.max_concurrency", 1))),
+                        ("throughput", (("workload.request_rate", "inf"),
+                                        ("workload.max_concurrency", mc)))]
+                for seed in self.seeds:
+                    for label, extra in todo:
+                        out.append(SweepPoint(arm=arm.name, arm_index=i, rate=None,
+                                              rate_label=label, seed=seed,
+                                              overrides=base + extra,
+                                              arm_overrides=arm.overrides))
+                continue
+            extra: tuple = (("workload.max_concurrency", mc),)
+            if ps.get("strategy", "constant") == "constant":
+                extra += (("workload.burstiness", "inf"),)
+            for r in self.profile_rates.get(arm.name, []):
+                for seed in self.seeds:
+                    out.append(SweepPoint(arm=arm.name, arm_index=i, rate=r,
+                                          rate_label=fmt_rate(r), seed=seed,
+                                          overrides=base + extra, arm_overrides=arm.overrides))
         return sorted(out, key=SweepPoint.sort_key)
 
     def point_hash(self, p: SweepPoint) -> str:
@@ -317,6 +360,27 @@ def parse_spec(raw: Any, source: str = "<sweep>", sweep_path: Path | None = None
             if k == "workload.request_rate" and raw.get("request_rates") is not None:
                 raise ConfigError(f"{source}: {where}.{k}: conflicts with request_rates")
 
+    psw = raw.get("profile_sweep")
+    if psw is not None:
+        if not isinstance(psw, dict):
+            raise ConfigError(f"{source}: profile_sweep: expected a mapping {{sweep_size, "
+                              "strategy, max_concurrency}}")
+        bad = [k for k in psw if k not in ("sweep_size", "strategy", "max_concurrency")]
+        if bad:
+            raise ConfigError(f"{source}: profile_sweep.{bad[0]}: unknown key (expected "
+                              "sweep_size, strategy, max_concurrency)")
+        size = psw.get("sweep_size", 10)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 3:
+            raise ConfigError(f"{source}: profile_sweep.sweep_size: expected an integer >= 3, "
+                              f"got {size!r}")
+        if psw.get("strategy", "constant") not in ("constant", "poisson"):
+            raise ConfigError(f"{source}: profile_sweep.strategy: expected constant or poisson")
+        if raw.get("request_rates") is not None:
+            raise ConfigError(f"{source}: profile_sweep: conflicts with request_rates (the "
+                              "sweep derives its rates)")
+        psw = {"sweep_size": size, "strategy": psw.get("strategy", "constant"),
+               "max_concurrency": psw.get("max_concurrency", 512)}
+
     baseline = raw.get("baseline")
     if baseline is not None and str(baseline) not in seen:
         raise ConfigError(f"{source}: baseline: {baseline!r} is not an arm "
@@ -327,7 +391,7 @@ def parse_spec(raw: Any, source: str = "<sweep>", sweep_path: Path | None = None
     spec = SweepSpec(source=source, experiment_name=name, base_tree=base_tree,
                      base_source=base_source, arms=arms, seeds=list(seeds), rates=rates,
                      overrides=overrides, baseline=str(baseline) if baseline else arms[0].name,
-                     description=str(raw.get("description") or ""))
+                     description=str(raw.get("description") or ""), profile_sweep=psw)
     if check_configs:
         validate_configs(spec)
     return spec
@@ -477,6 +541,10 @@ def run_sweep(
     jobs = check_options(backend, jobs)
     point_fn = point_fn or evaluate_point
     store = _store(spec, outdir)
+    if spec.profile_sweep is not None:
+        return _run_profile_sweep(spec, store, t0, jobs=jobs, backend=backend,
+                                  ray_address=ray_address, resume=resume, progress=progress,
+                                  point_fn=point_fn, ab_method=ab_method)
     points = spec.points()
     if not resume and store.holds_points():
         raise ConfigError(f"{store.root}: already holds sweep results; pass --resume to "
@@ -513,4 +581,70 @@ def run_sweep(
         atomic_write_text(store.root / "ab.csv", ab_csv_text(ab_rows))
     return SweepOutcome(exp_dir=store.root, num_points=len(points), num_skipped=skipped,
                         num_run=len(todo), num_failed=len(failures), failures=failures,
+                        rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)
+
+
+def _run_profile_sweep(spec: SweepSpec, store: PointStore, t0: float, *, jobs, backend,
+                       ray_address, resume, progress, point_fn, ab_method) -> SweepOutcome:
+    """GuideLLM-style sweep: synchronous and throughput points first, then the rates between
+    their measured request throughputs (see the module doc)."""
+    import numpy as np
+
+    if not resume and store.holds_points():
+        raise ConfigError(f"{store.root}: already holds sweep results; pass --resume to "
+                          "continue that sweep, or choose another -o")
+    store.root.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(store.root)
+    failures: list[tuple[str, str]] = []
+    num_run = skipped = 0
+    records: dict[tuple[str, str, int], dict] = {}
+    for phase in (1, 2):
+        if phase == 2:
+            size = spec.profile_sweep["sweep_size"]
+            for arm in spec.arms:
+                def thr(label, arm=arm):
+                    v = [records[(arm.name, label, s)].get("request_throughput")
+                         for s in spec.seeds if (arm.name, label, s) in records]
+                    v = [x for x in v if isinstance(x, (int, float)) and x > 0]
+                    return float(np.mean(v)) if v else None
+                lo, hi = thr("synchronous"), thr("throughput")
+                if lo is None or hi is None:
+                    continue
+                spec.profile_rates[arm.name] = [
+                    float(f"{r:.4g}") for r in np.linspace(lo, hi, size - 1)[1:] if r > 0]
+        points = spec.sweep_points(phase)
+        todo = []
+        for p in points:
+            rec = store.load(p, spec.point_hash(p)) if resume else None
+            if rec is not None:
+                records[(p.arm, p.rate_label, p.seed)] = rec
+                skipped += 1
+            else:
+                todo.append(p)
+        n_jobs = min(jobs, max(1, len(todo))) if backend == "local" else jobs
+        run = ExperimentRun(store, label=f"sweep {spec.experiment_name} (phase {phase})",
+                            total=len(points), kept=len(points) - len(todo), backend=backend,
+                            jobs=n_jobs, ray_address=ray_address, progress=progress)
+        with run:
+            for p in todo:
+                run.submit(p, point_fn, spec.base_tree, list(p.overrides), p.seed, p.rate)
+            for p, out in run.as_completed():
+                num_run += 1
+                if out.error is None:
+                    rec = run_record(spec, p, out.value)
+                    run.save(p, rec)
+                    records[(p.arm, p.rate_label, p.seed)] = rec
+                    continue
+                fail = {"error": out.error, "arm": p.arm, "seed": p.seed, "run_number": p.seed,
+                        "request_rate": p.rate_label, **dict(p.arm_overrides)}
+                failures.append((str(run.save_failure(p, fail)), out.error))
+    rows = write_summaries(spec, store.root)
+    ab_rows: list[dict] = []
+    if len(spec.arms) > 1 and rows:
+        from servesim.reports.ab import ab_csv_text, paired_ab
+
+        ab_rows = paired_ab(rows, baseline=spec.baseline, method=ab_method)
+        atomic_write_text(store.root / "ab.csv", ab_csv_text(ab_rows))
+    return SweepOutcome(exp_dir=store.root, num_points=len(spec.points()), num_skipped=skipped,
+                        num_run=num_run, num_failed=len(failures), failures=failures,
                         rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from servesim.workloads.config import (
+    ProfileWorkload,
     RandomWorkload,
     SessionsWorkload,
     SyntheticWorkload,
@@ -104,6 +105,68 @@ def build_workload(cfg: WorkloadConfig, *, block_size: int,
         from servesim.workloads.importers import trace_workload
 
         gen = trace_workload(cfg, block_size, meta)
+    elif isinstance(cfg, ProfileWorkload):
+        from servesim.workloads.profiles import profile_workload
+
+        return profile_workload(cfg, block_size=block_size, max_model_len=max_model_len,
+                                meta=meta, limit=lambda g: _limited(g, cfg, block_size,
+                                                                     max_model_len))
     else:  # pragma: no cover
         raise TypeError(f"unknown workload config {type(cfg).__name__}")
+    if cfg.stages:
+        gen = _staged(cfg, gen, block_size, meta)
+    if cfg.warmup is not None:
+        meta["warmup"] = cfg.warmup.model_dump(exclude_none=True)
     return Workload(_limited(gen, cfg, block_size, max_model_len), meta)
+
+
+def _staged(cfg, gen, block_size: int, meta: dict):
+    """Wrap a kind's request stream in ``cfg.stages`` (``workloads/stages.py``)."""
+    from servesim.workloads.stages import StageControl, stage_plan, staged_requests
+
+    if isinstance(cfg, SessionsWorkload):
+        from servesim.simulator.errors import ConfigError
+
+        raise ConfigError("workload.stages: not supported with kind: sessions (its turns are "
+                          "sent after their parents finish, not by a load stage)")
+    plan = stage_plan(cfg.stages)
+    set_stage_meta(meta, plan)
+    counts = [st["num_requests"] for st in plan]
+    bounded = all(c is not None for c in counts)
+    block = sum(counts) if bounded else getattr(cfg, "num_prompts", 1000)
+
+    def source_for(k: int, meta: dict):
+        if isinstance(cfg, (RandomWorkload, SyntheticWorkload)):
+            from servesim.workloads import generators
+
+            c = cfg.model_copy(update={"num_prompts": max(block, 1),
+                                       "seed": (cfg.seed + k) % 2**32,
+                                       "request_rate": math.inf})
+            if isinstance(cfg, RandomWorkload):
+                c = c.model_copy(update={"ramp_up_strategy": None})
+                return generators.random_requests(c, block_size)
+            c = c.model_copy(update={"rate_profile": None})
+            return generators.synthetic_requests(c, block_size)
+        return gen(meta)  # a trace: its rows in order
+
+    def factory(meta: dict) -> Iterator[RequestSpec]:
+        ctl = StageControl()
+        meta["_stage_control"] = ctl
+        return staged_requests(plan, cfg.seed, lambda k: source_for(k, meta), ctl)
+
+    return factory
+
+
+def set_stage_meta(meta: dict, plan: list[dict]) -> None:
+    """``meta`` fields of a staged workload: the plan, and the bench traffic fields (the one
+    measured stage's rate and concurrency, else inf / None; num_prompts when every stage has
+    a request count)."""
+    meta["stages"] = plan
+    measured = [st for st in plan if not st["warmup"]] or plan
+    counts = [st["num_requests"] for st in plan]
+    meta["num_prompts"] = sum(counts) if all(c is not None for c in counts) else None
+    one = measured[0] if len(measured) == 1 else None
+    rate = one["rate"] if one is not None else None
+    meta["request_rate"] = rate if rate is not None else math.inf
+    meta["max_concurrency"] = one["concurrency"] if one is not None else None
+    meta["burstiness"] = one["burstiness"] if one is not None else 1.0

@@ -149,23 +149,41 @@ def convert_cmd(
 ) -> None:
     """Convert a trace to the canonical CSV (streaming). Arrival times are shifted so the first
     request is at 0 (traces without timestamps: all 0); prefix ids at ``--block-size``. The
-    output appears complete or not at all."""
+    output appears complete or not at all. A benchmark client's profile (inference-perf,
+    GuideLLM, AIPerf, genai-perf) is converted to its requests at their nominal send times."""
     from servesim.simulator.errors import Interrupted
     from servesim.workloads import build_workload
     from servesim.workloads.config import TraceWorkload
 
     check_output_file(out, [file], overwrite)
 
-    cfg = TraceWorkload(path=str(file), format=format, skip_bad_rows=skip_bad_rows)
-    wl = build_workload(cfg, block_size=block_size)
-    fmt = wl.meta["dataset_name"]
-    cols = CANONICAL_COLUMNS[:3]
-    if fmt in ("mooncake", "canonical"):
-        cols = cols + ["prefix_block_ids"]
-    if fmt == "canonical":
-        cols = CANONICAL_COLUMNS
-    if fmt == "vllm_result":
-        cols = cols + ["request_id"]
+    from servesim.workloads.profiles import is_profile_file
+
+    if format in ("inference-perf", "guidellm", "aiperf", "genai-perf") or (
+            format == "auto" and is_profile_file(file)):
+        from servesim.simulator.errors import ServesimError
+        from servesim.workloads.config import ProfileWorkload
+
+        wl = build_workload(ProfileWorkload(path=str(file), format=format),
+                            block_size=block_size)
+        if any(st["num_requests"] is None for st in wl.meta["stages"]):
+            raise ServesimError(f"{file}: a closed-loop stage bounded by duration only has no "
+                                "fixed request count; simulate it instead (kind: profile)")
+        cols = ["arrival_s", "prompt_len", "output_len", "prefix_block_ids", "request_id"]
+        typer.echo("note: nominal send times, stages back to back (a client starts a stage "
+                   "when the previous one has drained; closed-loop stages send at its start)",
+                   err=True)
+    else:
+        cfg = TraceWorkload(path=str(file), format=format, skip_bad_rows=skip_bad_rows)
+        wl = build_workload(cfg, block_size=block_size)
+        fmt = wl.meta["dataset_name"]
+        cols = CANONICAL_COLUMNS[:3]
+        if fmt in ("mooncake", "canonical"):
+            cols = cols + ["prefix_block_ids"]
+        if fmt == "canonical":
+            cols = CANONICAL_COLUMNS
+        if fmt == "vllm_result":
+            cols = cols + ["request_id"]
     from servesim.simulator.progress import phase
 
     def ticking(reqs, tick):

@@ -42,12 +42,64 @@ _LONG_DOC = (
 )
 
 
+class Stage(_Section):
+    """One load stage (see ``workloads/stages.py``): open loop at ``rate`` req/s, or closed
+    loop with ``concurrency`` requests in flight (both: open loop capped at ``concurrency``),
+    for ``duration_s`` and/or ``num_requests``. Stages run one after the other; by default a
+    stage starts when every request of the previous one has ended, plus ``gap_s`` (what
+    inference-perf, GuideLLM and AIPerf do)."""
+
+    rate: float | None = Field(None, gt=0, description="Requests/s (open loop); inf = all at once")
+    concurrency: PositiveInt | None = Field(None, description="Requests in flight (closed loop)")
+    duration_s: float | None = Field(None, gt=0, description="Stage length, s")
+    num_requests: PositiveInt | None = Field(None, description="Requests in the stage")
+    arrivals: Literal["poisson", "constant", "gamma", "inference-perf"] = Field(
+        "poisson", description="Open-loop gaps: poisson (exponential), constant, gamma "
+        "(burstiness), inference-perf (exponential gaps rescaled to end at duration_s)")
+    burstiness: float = Field(1.0, gt=0, description="Gamma shape for arrivals: gamma")
+    warmup: bool = Field(False, description="The whole stage is warm-up (excluded from metrics)")
+    barrier: bool = Field(True, description="Start when the previous stage has drained")
+    gap_s: float = Field(0.0, ge=0, description="Idle seconds before the stage starts")
+    grace_s: float | None = Field(
+        None, ge=0, description="After duration_s, cancel requests still in flight after this "
+        "many seconds (None: wait for them)")
+    label: str | None = None
+
+    _v_rate = field_validator("rate", mode="before")(_rate)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.rate is None and self.concurrency is None:
+            raise ValueError("a stage needs rate (open loop) or concurrency (closed loop)")
+        if self.duration_s is None and self.num_requests is None:
+            raise ValueError("a stage needs duration_s or num_requests")
+        if (self.rate is not None and math.isinf(self.rate) and self.num_requests is None):
+            raise ValueError("rate: inf needs num_requests (all are sent at once)")
+        return self
+
+
+class Warmup(_Section):
+    """Leading requests of each stage (or of the run) excluded from the metrics."""
+
+    duration_s: float | None = Field(None, gt=0, description="Requests sent in the first s")
+    num_requests: PositiveInt | None = Field(None, description="The first N requests")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.duration_s is None) == (self.num_requests is None):
+            raise ValueError("warmup needs exactly one of duration_s, num_requests")
+        return self
+
+
 class _Common(_Section):
     max_concurrency: PositiveInt | None = Field(
         None, description="Client-side cap on in-flight requests (closed loop)"
     )
     seed: int = Field(0, ge=0, le=2**32 - 1, description="vllm bench --seed (numpy: 0..2**32-1)")
     long_requests: LongRequests = Field("keep", description=_LONG_DOC)
+    stages: list[Stage] | None = Field(
+        None, description="Staged load replacing the kind's arrival process (workloads/stages.py)")
+    warmup: Warmup | None = Field(None, description="Leading requests excluded from the metrics")
 
 
 class _Arrivals(_Common):
@@ -273,7 +325,28 @@ class TraceWorkload(_Common):
         return self
 
 
+ProfileFormat = Literal["auto", "inference-perf", "guidellm", "aiperf", "genai-perf"]
+
+
+class ProfileWorkload(_Common):
+    """A benchmark client's own load profile (inference-perf config YAML, GuideLLM scenario,
+    AIPerf / genai-perf config), replayed as that client sends it (``workloads/profiles.py``).
+    ``stages`` / ``warmup`` given here replace the profile's."""
+
+    kind: Literal["profile"] = "profile"
+    path: str
+    format: ProfileFormat = "auto"
+    benchmarks: list[int] | None = Field(
+        None, description="GuideLLM: run only these benchmark indices (default all)")
+    sweep_rates: list[float] | None = Field(
+        None, description="GuideLLM sweep: the rates of its constant/poisson benchmarks "
+        "(a sweep measures them; default: derived by simulate sweep, else none)")
+
+    _v_rates = field_validator("sweep_rates", mode="before")(
+        lambda v: [_rate(x) for x in v] if isinstance(v, list) else v)
+
+
 WorkloadConfig = Annotated[
-    RandomWorkload | TraceWorkload | SyntheticWorkload | SessionsWorkload,
+    RandomWorkload | TraceWorkload | SyntheticWorkload | SessionsWorkload | ProfileWorkload,
     Field(discriminator="kind"),
 ]

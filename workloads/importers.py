@@ -18,7 +18,8 @@ Formats (``format:``; ``auto`` detects by the CSV header / first JSON record):
   ``start_times``, ``errors``): a measured run replayed request for request.
 - ``canonical``: ``arrival_s,prompt_len,output_len[,prefix_block_ids,priority,session_id,turn,
   lora,parent_id,think_time_s,request_id]``; ``prefix_block_ids`` space-separated ints at the
-  engine block size the file was written for.
+  engine block size the file was written for. Any other column is kept per request in
+  ``RequestSpec.extra`` (numbers as floats), e.g. for ``speculative_config.acceptance.column``.
 
 :func:`read_trace` yields *raw* arrival times (s, in the trace's own time base; 0 for formats
 without timestamps). :func:`trace_workload` builds the simulator stream from a ``TraceWorkload``
@@ -401,6 +402,10 @@ def _read_canonical(ctx, f, opts):
                                  f"{', '.join(missing)}")
             idx = {c: i for i, c in enumerate(header)}
             opt = [c for c in CANONICAL_OPTIONAL if c in idx]
+            # other columns ride along in RequestSpec.extra (numbers as floats), e.g. a
+            # per-request acceptance rate for speculative_config.acceptance.column
+            others = [(c, i) for i, c in enumerate(header)
+                      if c and c not in CANONICAL_REQUIRED and c not in CANONICAL_OPTIONAL]
         try:
             if len(row) != len(header):
                 raise _Bad(f"expected {len(header)} fields ({','.join(header)}), got {len(row)}")
@@ -426,6 +431,17 @@ def _read_canonical(ctx, f, opts):
                     kw[c] = _float(v, c)
                 else:
                     kw[c] = v
+            if others:
+                extra = {}
+                for c, i in others:
+                    v = row[i].strip()
+                    if v:
+                        try:
+                            extra[c] = float(v)
+                        except ValueError:
+                            extra[c] = v
+                if extra:
+                    kw["extra"] = extra
         except _Bad as e:
             ctx.bad(line, str(e))
             continue

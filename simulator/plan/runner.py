@@ -59,6 +59,9 @@ class Candidate:
     searches: dict[int, RateSearch] = field(default_factory=dict)
     points: list[dict] = field(default_factory=list)  # search points' metrics
     confirms: list[dict] = field(default_factory=list)  # operating points, one per replica count
+    gpus_per_replica: int = 0  # 0: tp · pp; a cluster shape: all its instances' GPUs
+    usd_per_replica_hour: float = math.nan  # a cluster shape: Σ GPUs × their price
+    cluster_gpus: dict = field(default_factory=dict)  # GPU kind -> count per replica
     min_replicas: int = 0  # ceil(target / capacity)
     replicas: int = 0  # the replica count of the last simulated operating point
     in_flight: int = 0
@@ -216,6 +219,19 @@ def _check_fit(c: Candidate, spec: PlanSpec, fit_check: Callable) -> None:
         c.hardware = str(cfg.hardware.name)
         c.tp = int(cfg.parallel.tensor_parallel_size)
         c.pp = int(cfg.parallel.pipeline_parallel_size)
+        if getattr(cfg, "cluster", None) is not None:  # one "replica" = the whole cluster
+            gpus: dict[str, int] = {}
+            for g in cfg.cluster.instances:
+                par = g.parallel or {}
+                n = (int(par.get("tensor_parallel_size", 1))
+                     * int(par.get("pipeline_parallel_size", 1)) * g.replicas)
+                gpus[g.hardware.name] = gpus.get(g.hardware.name, 0) + n
+            c.hardware = "+".join(sorted(gpus))
+            c.gpus_per_replica = sum(gpus.values())
+            c.cluster_gpus = gpus
     c.num_gpu_blocks = float(getattr(mem, "num_gpu_blocks", math.nan) or math.nan)
     c.fits, c.reason = True, ""
     c.rate0 = float(spec.tolerance.first_guess_rps or first_guess_rps(cfg, mem))
+    if cfg is not None and getattr(cfg, "cluster", None) is not None and not \
+            spec.tolerance.first_guess_rps:
+        c.rate0 *= max(1, cfg.cluster.num_instances // (2 if cfg.cluster.disaggregated else 1))

@@ -86,12 +86,17 @@ AXIS_ALIASES = {
     "cache_dtype": "cache.cache_dtype",
     "quantization": "model.quantization",
     "async_scheduling": "scheduler.async_scheduling",
+    # cluster shapes (simulator/cluster/): a whole ``cluster:`` section per value, named by
+    # its ``name``; or the router policy of the base's cluster
+    "cluster": "cluster",
+    "router": "cluster.router.policy",
 }
 
 AXIS_SHORT = {
     "hardware.name": "", "parallel.tensor_parallel_size": "tp",
     "parallel.pipeline_parallel_size": "pp", "scheduler.max_num_seqs": "mns", "model.name": "",
-    "scheduler.max_num_batched_tokens": "mbt", "scheduler.policy": "",
+    "scheduler.max_num_batched_tokens": "mbt", "scheduler.policy": "", "cluster": "",
+    "cluster.router.policy": "",
 }
 
 
@@ -195,6 +200,8 @@ def candidate_name(assign: dict[str, Any]) -> str:
     for k, v in assign.items():
         if v is None:
             continue
+        if isinstance(v, dict) and v.get("name"):  # a cluster shape: its own name
+            v, k = v["name"], "cluster"
         short = AXIS_SHORT.get(k, k.split(".")[-1])
         s = f"{short}{v}" if short else str(v)
         parts.append("".join(c if c.isalnum() or c in "-." else "-" for c in s))

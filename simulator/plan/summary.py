@@ -90,13 +90,21 @@ def _row(spec: PlanSpec, c: Candidate, prices: dict[str, dict], sizing: dict) ->
     for k, v in c.assign.items():
         if k not in ("hardware.name", "parallel.tensor_parallel_size",
                      "parallel.pipeline_parallel_size"):
+            if isinstance(v, dict):  # a cluster shape: its name
+                v = v.get("name") or "cluster"
             row[k.split(".")[-1]] = v
     row.update(fits=c.fits, reason=c.reason, num_gpu_blocks=c.num_gpu_blocks)
-    gpr = c.tp * c.pp
+    gpr = c.gpus_per_replica or c.tp * c.pp
     price = prices.get(c.hardware)
     row["gpus_per_replica"] = gpr
     row["usd_per_gpu_hour"] = price["usd_per_gpu_hour"] if price else math.nan
     row["price_source"] = f"{price['source']} (as of {price['as_of']})" if price else ""
+    mix = getattr(c, "cluster_gpus", None)
+    if mix and len(mix) > 1:  # a cluster of several GPU kinds: the GPU-weighted price
+        ps = [prices.get(h) for h in mix]
+        row["usd_per_gpu_hour"] = (sum(p["usd_per_gpu_hour"] * n for p, n in zip(ps, mix.values()))
+                                   / gpr if all(ps) else math.nan)
+        row["price_source"] = "; ".join(f"{h}: {p['source']}" for h, p in zip(mix, ps) if p)
     if not c.fits:
         return row
     summ = summarize_searches(c.searches)

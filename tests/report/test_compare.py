@@ -71,3 +71,20 @@ def test_missing_file(tmp_path):
     with pytest.raises(ServesimError, match="no such result file"):
         compare_files([tmp_path / "nope.json", FIX / "vllm_bench_measured.json"])
     assert math.isnan(mape([]))
+
+
+def test_engine_side_rows_only_when_both_have_them(tmp_path):
+    sim = _sim(tmp_path, "sim.json", 4.0, mean_ttft_ms=25.0, mean_engine_ttft_ms=20.0,
+               median_engine_ttft_ms=19.0, p99_engine_ttft_ms=40.0)
+    meas = tmp_path / "meas.json"  # engine side from a scrape of /metrics
+    meas.write_text(json.dumps({"request_rate": 4.0, "mean_ttft_ms": 30.0,
+                                "mean_engine_ttft_ms": 25.0}))
+    rows = compare_files([sim, meas])
+    client = {r["metric"]: r for r in rows if r["side"] == "client"}
+    engine = {r["metric"]: r for r in rows if r["side"] == "engine"}
+    assert client["mean_ttft_ms"]["rel_error_pct"] == pytest.approx(-100 / 6)
+    assert engine["mean_engine_ttft_ms"]["rel_error_pct"] == pytest.approx(-20.0)
+    assert engine["median_engine_ttft_ms"]["status"] == "missing in measured"
+    plain = tmp_path / "plain.json"  # a vllm bench file alone: no engine rows at all
+    plain.write_text(json.dumps({"request_rate": 4.0, "mean_ttft_ms": 30.0}))
+    assert {r["side"] for r in compare_files([sim, plain])} == {"client"}

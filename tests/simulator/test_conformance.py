@@ -108,7 +108,7 @@ def test_preemption_newest_victim_recomputes_and_hits_own_blocks(fast_path):
     new = h.add("new", 16, 12)
     preempted_at = None
     for i in range(200):
-        if not h.sched.has_requests():
+        if not h.sched.has_unfinished_requests():
             break
         out = h.step()
         if out.preempted and preempted_at is None:
@@ -136,7 +136,7 @@ def test_priority_victim_is_lowest_priority():
     urgent = h.add("urgent", 16, 12, priority=0)
     lazy = h.add("lazy", 16, 12, priority=5)
     victims = []
-    while h.sched.has_requests():
+    while h.sched.has_unfinished_requests():
         victims += h.step().preempted
     assert victims and all(v is lazy for v in victims)
     assert urgent.num_preemptions == 0

@@ -13,7 +13,9 @@ CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").gl
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_config_validates_and_runs(path):
-    cfg = resolve_config(load_config(path, ["workload.num_prompts=40"]))
+    kind = (load_config(path).workload.kind)
+    small = "workload.num_sessions=10" if kind == "sessions" else "workload.num_prompts=40"
+    cfg = resolve_config(load_config(path, [small]))
     assert plan_memory(cfg).num_gpu_blocks > 0
     r = run_experiment(cfg, resolved=True)
     assert (r.requests["finished_reason"] != "rejected").all()

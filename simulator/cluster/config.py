@@ -1,0 +1,213 @@
+"""The ``cluster:`` section and ``cache.kv_offload`` (config keys documented in README "The
+config", section "Clusters").
+
+A cluster is a list of instance groups (each with optional ``model``/``hardware``/``parallel``/
+``cache``/``scheduler``/``compilation`` overrides of the top-level sections and a replica
+count), a router, and for prefill/decode disaggregation a decode router and a KV-transfer link.
+``resolve_config`` resolves every group (vLLM's defaults for *its* hardware) and writes the
+resolved sections back into the group, so ``config.resolved.yaml`` shows each instance's
+engine arguments and a resolved config resolves to itself.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from servesim.costmodels.config import HardwareConfig, ModelConfig
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(v: Any) -> int:
+    """``8589934592``, ``8GiB``, ``"8 GB"`` → bytes (int)."""
+    if isinstance(v, bool):
+        raise ValueError(  # noqa: TRY004 (pydantic wants ValueError)
+            "expected a byte count such as 8589934592 or '8GiB'")
+    if isinstance(v, (int, float)):
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return int(v)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(v))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a byte count such as 8589934592 or '8GiB', got {v!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class KVOffloadConfig(_Section):
+    """``cache.kv_offload``: vLLM's ``OffloadingConnector`` with the CPU backend
+    (``--kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": ..., "eviction_policy": ...}}'``)."""
+
+    cpu_bytes: int = Field(description="CPU memory for offloaded KV blocks (vLLM "
+                           "cpu_bytes_to_use), bytes or a string such as '8GiB'")
+    policy: Literal["lru", "arc"] = Field("lru", description="vLLM eviction_policy")
+    block_size: PositiveInt | None = Field(
+        None, description="Offloaded block size in tokens, a multiple of cache.block_size "
+        "(vLLM's kv_connector_extra_config block_size); default: cache.block_size")
+    bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Host link per direction and GPU, GB/s; default: the hardware "
+        "spec's pcie_bw_gbps")
+    latency_us: float = Field(10.0, ge=0, description="Fixed cost per load/store job, us")
+
+    @field_validator("cpu_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v):
+        return parse_bytes(v)
+
+
+class RouterConfig(_Section):
+    """A routing policy (registry name, entry point group ``servesim.routers``)."""
+
+    policy: str = Field("least_load", description="round_robin | least_load | power_of_two | "
+                        "random | session_affinity | prefix_aware | cache_aware | registered")
+    decision_latency_s: float = Field(0.0, ge=0, description="Router time per request, s")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="Policy parameters (see simulator/cluster/"
+                                   "routers.py)")
+
+
+LINK_PRESETS: dict[str, dict[str, float]] = {
+    # Per GPU and direction. Sources: NVIDIA H100 SXM datasheet (NVLink 4: 900 GB/s
+    # bidirectional); NVIDIA ConnectX-7 (400 Gb/s NDR InfiniBand, one NIC per GPU as in DGX
+    # H100); 100 GbE for TCP. Latencies and per-transfer overheads are priors (NIXL posts one
+    # READ per transfer after the one-time handshake; UCX over TCP adds a software stack).
+    "nvlink": {"bandwidth_gbps": 450.0, "latency_us": 3.0, "overhead_us": 20.0},
+    "rdma": {"bandwidth_gbps": 50.0, "latency_us": 5.0, "overhead_us": 50.0},
+    "tcp": {"bandwidth_gbps": 12.5, "latency_us": 50.0, "overhead_us": 200.0},
+}
+
+
+class KVTransferConfig(_Section):
+    """The P→D KV link (vLLM ``NixlConnector``): a preset, any field overridable."""
+
+    link: Literal["nvlink", "rdma", "tcp"] = "rdma"
+    bandwidth_gbps: float | None = Field(None, gt=0, description="Per GPU and direction, GB/s")
+    latency_us: float | None = Field(None, ge=0)
+    overhead_us: float | None = Field(None, ge=0, description="Fixed cost per transfer, us")
+
+    def resolved(self) -> dict[str, float]:
+        p = dict(LINK_PRESETS[self.link])
+        for k in ("bandwidth_gbps", "latency_us", "overhead_us"):
+            v = getattr(self, k)
+            if v is not None:
+                p[k] = float(v)
+        return p
+
+
+class InstanceGroup(_Section):
+    """``cluster.instances[i]``: ``replicas`` identical vLLM instances."""
+
+    name: str = Field(description="Instance folder prefix (instances/<name>-<i>/)")
+    role: Literal["both", "prefill", "decode"] = Field(
+        "both", description="both: aggregated serving; prefill/decode: disaggregated (NIXL)")
+    replicas: PositiveInt = 1
+    model: ModelConfig | None = None
+    hardware: HardwareConfig | None = None
+    parallel: dict[str, Any] | None = None
+    cache: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+    compilation: dict[str, Any] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+            raise ValueError("use letters, digits, '-', '_' or '.' (it names a folder)")
+        return v
+
+
+class ClusterConfig(_Section):
+    """``cluster:`` — instance groups, the router, and for P/D the decode router and link."""
+
+    name: str | None = Field(None, description="A label (plans name candidates after it)")
+    instances: list[InstanceGroup] = Field(min_length=1)
+    router: RouterConfig = RouterConfig()
+    decode_router: RouterConfig = Field(
+        default_factory=lambda: RouterConfig(policy="least_load"),
+        description="P/D: picks the decode instance (llm-d's decode profile)")
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+
+    @model_validator(mode="after")
+    def _shape(self):
+        names = [g.name for g in self.instances]
+        if len(set(names)) != len(names):
+            raise ValueError(f"instance group names must be unique, got {names}")
+        roles = {g.role for g in self.instances}
+        if ("prefill" in roles) != ("decode" in roles):
+            raise ValueError("prefill/decode disaggregation needs at least one group with "
+                             "role: prefill and one with role: decode")
+        if "both" in roles and "prefill" in roles:
+            raise ValueError("mixing role: both with prefill/decode groups is not supported")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(g.role == "prefill" for g in self.instances)
+
+    @property
+    def num_instances(self) -> int:
+        return sum(g.replicas for g in self.instances)
+
+
+SECTIONS = ("model", "hardware", "parallel", "cache", "scheduler", "compilation")
+
+
+def group_tree(base: dict, group: InstanceGroup) -> dict:
+    """The experiment config tree of one instance of ``group``: ``base`` (a config dump without
+    ``cluster``) with the group's sections merged over it key by key (a group that names
+    another model or GPU replaces that section); data_parallel_size 1 (replicas count)."""
+    import copy
+
+    tree = copy.deepcopy(base)
+    for sec in SECTIONS:
+        over = getattr(group, sec)
+        if over is None:
+            continue
+        if isinstance(over, BaseModel):
+            over = over.model_dump(mode="python", exclude_unset=True)
+        cur = dict(tree.get(sec) or {})
+        if sec in ("model", "hardware") and "name" in over and over["name"] != cur.get("name"):
+            cur = {}
+        cur.update(copy.deepcopy(over))
+        tree[sec] = cur
+    tree.setdefault("parallel", {})["data_parallel_size"] = 1
+    tree.pop("cluster", None)
+    return tree
+
+
+def resolve_cluster(raw, resolved) -> None:
+    """Resolve every group of ``raw.cluster`` (the unresolved config) and write the resolved
+    sections into ``resolved.cluster``'s groups; check what all instances must share."""
+    from servesim.simulator.config import resolve_config, validate_tree
+    from servesim.simulator.errors import ConfigError
+
+    base = raw.dump_tree(mode="python")
+    base.pop("cluster", None)
+    shared = None
+    for i, (g_raw, g_res) in enumerate(zip(raw.cluster.instances, resolved.cluster.instances)):
+        tree = group_tree(base, g_raw)
+        cfg = resolve_config(validate_tree(tree, f"cluster.instances[{i}] ({g_raw.name})"))
+        key = (cfg.cache.block_size, cfg.model.max_model_len)
+        if shared is None:
+            shared = key
+        elif key != shared:
+            raise ConfigError(
+                f"cluster.instances[{i}] ({g_raw.name}): cache.block_size and "
+                f"model.max_model_len must be the same in every group (got {key}, first group "
+                f"{shared}): request prefix ids are per block")
+        g_res.model = ModelConfig.model_validate(cfg.model.model_dump(mode="python"))
+        g_res.hardware = HardwareConfig.model_validate(cfg.hardware.model_dump(mode="python"))
+        for sec in ("parallel", "cache", "scheduler", "compilation"):
+            d = getattr(cfg, sec).model_dump(mode="python")
+            if sec == "parallel":
+                d.pop("data_parallel_size", None)
+            if sec == "cache" and d.get("kv_offload") is None:
+                d.pop("kv_offload", None)
+            setattr(g_res, sec, d)

@@ -1,0 +1,462 @@
+"""The API-server frontend: what a client sees on top of the engine core.
+
+vLLM V1 serves the OpenAI API from ``api_server_count`` API-server processes (default:
+``data_parallel_size``), each a single-threaded asyncio loop (``AsyncLLM``) in front of the
+engine-core process(es). A streamed completion request goes
+
+    client ─HTTP─► API server: parse + validate (asyncio thread)
+                   └► renderer: tokenize (tokenizer thread, 2 ms micro-batches)
+                   └► process_inputs + ZMQ send ─IPC─► engine core (waiting queue)
+    engine step ends ─IPC─► API server output handler: detokenize + SSE chunk per token
+                                                         (asyncio thread) ─► client
+
+and this module models each arrow with a named parameter (:class:`FrontendParams`, seconds):
+
+==========================  ======================================================  ========
+parameter                   what it is                                              prior
+==========================  ======================================================  ========
+``request_s``               asyncio-thread CPU per request: HTTP parse, pydantic    125 µs
+                            validation, sampling params, engine request encode,
+                            final usage/[DONE] events
+``tokenize_per_token_s``    tokenizer-thread CPU per prompt token (HF tokenizers    1.0 µs
+                            BPE encode)
+``ipc_s``                   one-way API server ↔ engine core hop (serialise, ZMQ    105 µs
+                            IPC socket, deserialise); paid on the way in and on
+                            the way out
+``detokenize_per_token_s``  asyncio-thread CPU per output token: incremental        4.3 µs
+                            detokenize (``DecodeStream``) + one SSE chunk
+``tokenizer_batch_wait_s``  micro-batch window of vLLM's                            2 ms
+                            ``AsyncMicrobatchTokenizer`` (``batch_wait_timeout_s``)
+``tokenizer_max_batch``     prompts per tokenizer call (``max_batch_size``)          32
+==========================  ======================================================  ========
+
+Sources. The last two are constants of vLLM 0.22's ``vllm/utils/async_utils.py`` (the
+completion path tokenizes through ``Renderer.render_cmpl_async`` → ``AsyncMicrobatchTokenizer``
+on the renderer's one-worker thread pool, ``renderer_num_workers = 1``): the batcher takes the
+first queued prompt, waits until 2 ms have passed or 32 prompts are queued, tokenizes them in
+one call on the worker thread, and only then takes the next batch. The four costs are
+measured lower bounds from ``benchmarks/frontend_costs.py`` (Intel Xeon, Python 3.11,
+tokenizers 0.23.3, pydantic 2.14: the same libraries doing the same work, without uvicorn /
+ASGI / asyncio task-switch overhead). They are priors: ``simulate fit`` replaces them with a
+deployment's own values (``frontend:`` in a calibration file; ``frontend:`` in the config
+overrides both).
+
+Queueing. Each API server is one FIFO server for its asyncio thread (request work at the
+send time; output work of an engine step when it arrives, ``ipc_s`` after the step) and one
+batch server for its tokenizer thread, so under high request or token rates the frontend
+becomes the bottleneck, as a single Python process does. Requests go to API servers round
+robin (the kernel spreads connections over the processes); the tokens of an engine step are
+split evenly over the API servers (exact for one). Tokens of one step reach the client
+together when its output work is done (no coalescing of several steps into one SSE event).
+
+Timestamps (vLLM's names): ``arrival_time`` = when the renderer starts (after HTTP parse and
+validation; ``vllm:time_to_first_token_seconds`` and ``vllm:e2e_request_latency_seconds`` are
+measured from it to the output handler's ``iteration_timestamp``, the start of the output
+work); ``queued_time`` = the engine core gets the request (``request_queue_time_seconds`` =
+first scheduled − queued). A request's client-visible first-token / finish times are the end
+of the output work of the step that produced them.
+
+Requests the API server refuses (prompt too long for ``max_model_len``, ...) are refused
+when they would reach the engine core (after tokenization, as vLLM's serving layer does).
+
+Cost. No event per token or per request: per engine step one O(1) update per API server (plus
+the explicitly scheduled rows), per tokenizer batch two events, and, under
+``max_concurrency`` only, one event per step with finished requests (the client's slot frees
+when it sees them finish). Requests waiting for a tokenizer are kept as specs (compact
+columns beyond a few hundred), built into ``Request`` objects when they reach the engine.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import asdict, dataclass, fields, replace
+
+import simpy
+from servesim.simulator.request import Request
+
+# (name, unit, what) of the fitted parameters, in table order
+FIT_PARAMS = ("request_s", "tokenize_per_token_s", "ipc_s", "detokenize_per_token_s")
+PRIOR_SOURCE = "prior: benchmarks/frontend_costs.py (lower bound) + vLLM 0.22 async_utils.py"
+
+
+@dataclass(frozen=True)
+class FrontendParams:
+    """Per-API-server costs in seconds (see the module docstring for sources)."""
+
+    request_s: float = 125e-6
+    tokenize_per_token_s: float = 1.0e-6
+    ipc_s: float = 105e-6
+    detokenize_per_token_s: float = 4.3e-6
+    tokenizer_batch_wait_s: float = 0.002  # vLLM AsyncMicrobatchTokenizer.batch_wait_timeout_s
+    tokenizer_max_batch: int = 32  # vLLM AsyncMicrobatchTokenizer.max_batch_size
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> FrontendParams:
+        if not d:
+            return cls()
+        names = {f.name for f in fields(cls)}
+        kw = {}
+        for k, v in d.items():
+            if k in names and v is not None:
+                kw[k] = int(v) if k == "tokenizer_max_batch" else float(v)
+        return cls(**kw)
+
+    def updated(self, **kw) -> FrontendParams:
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_frontend(cfg, calibration=None) -> tuple[FrontendParams | None, int, dict]:
+    """(params or None when disabled, api_server_count, provenance per parameter) for a
+    resolved config: defaults, then the calibration file's ``frontend:``, then the config's
+    ``frontend:`` values."""
+    fc = getattr(cfg, "frontend", None)
+    if fc is not None and not fc.enable:
+        return None, 0, {}
+    params = FrontendParams()
+    prov = {f.name: PRIOR_SOURCE for f in fields(FrontendParams)}
+    cal = getattr(calibration, "frontend", None) or {}
+    if cal:
+        params = FrontendParams.from_dict({**params.as_dict(), **cal})
+        src = f"calibration:{getattr(calibration, 'frontend_source', '')}"
+        for k in cal:
+            if k in prov:
+                prov[k] = src
+    if fc is not None:
+        over = {f.name: getattr(fc, f.name) for f in fields(FrontendParams)
+                if getattr(fc, f.name, None) is not None}
+        params = params.updated(**over)
+        for k in over:
+            prov[k] = "config"
+    n = (fc.api_server_count if fc is not None and fc.api_server_count else
+         cfg.parallel.data_parallel_size)
+    return params, int(n), prov
+
+
+class _Ingress:
+    """Requests waiting for an API server's tokenizer, FIFO: (spec, send, arrival) tuples while
+    few, compact columns (``engine.Parked`` plus arrival times) beyond ``SHORT``, so a burst of
+    millions sent at once holds no per-request objects."""
+
+    SHORT = 256
+
+    def __init__(self):
+        from servesim.simulator.engine import Parked
+
+        self.d: deque = deque()
+        self.q = Parked()
+        self.t = array("d")  # arrival times of the compact part
+        self.h = 0
+
+    def __len__(self) -> int:
+        return len(self.d) + len(self.q)
+
+    def push(self, spec, send: float, t: float) -> None:
+        if len(self.d) < self.SHORT and not len(self.q):
+            self.d.append((spec, send, t))
+        else:
+            self.q.push(spec, send)
+            self.t.append(t)
+
+    def at(self, k: int) -> float:
+        """Arrival time of the k-th queued request."""
+        nd = len(self.d)
+        return self.d[k][2] if k < nd else self.t[self.h + k - nd]
+
+    def pop(self):
+        if self.d:
+            return self.d.popleft()
+        spec, send = self.q.pop()
+        h = self.h
+        t = self.t[h]
+        self.h = h + 1
+        if self.h >= 65536 and self.h * 2 >= len(self.t):
+            del self.t[:self.h]
+            self.h = 0
+        return spec, send, t
+
+
+class _ApiServer:
+    """One API-server process: its asyncio thread (FIFO, ``busy`` = when it is next free) and
+    its tokenizer thread (micro-batches, ``tok_free`` = when the batcher takes the next)."""
+
+    __slots__ = ("busy", "ingress", "last_done", "last_start", "tok_free", "wake")
+
+    def __init__(self):
+        self.busy = 0.0
+        self.tok_free = 0.0
+        self.ingress = _Ingress()
+        self.wake: simpy.Event | None = None
+        self.last_start = 0.0  # output work of the latest engine step: start, end
+        self.last_done = 0.0
+
+
+# Request.fe: [API server, tokenized, queued (engine core got it), engine first token,
+# output work of the first token starts, engine last token, output work of the last starts]
+FE_SERVER, FE_TOKENIZED, FE_QUEUED, FE_ENGINE_FIRST, FE_FIRST_ITER, FE_ENGINE_FINISH, \
+    FE_FINISH_ITER = range(7)
+_NAN = float("nan")
+
+
+class Held:
+    """Frontend timestamps of requests the client parked in compact columns
+    (``engine.Parked``), in the same FIFO order, so a request rebuilt from its spec gets them
+    back."""
+
+    def __init__(self):
+        self.cols = (array("d"), array("d"), array("d"), array("q"))
+        self.head = 0
+
+    def push(self, req) -> None:
+        a, t, q, s = self.cols
+        fe = req.fe
+        a.append(req.arrival_time)
+        t.append(fe[1])
+        q.append(fe[2])
+        s.append(fe[0])
+
+    def pop_into(self, req) -> None:
+        a, t, q, s = self.cols
+        i = self.head
+        req.arrival_time = a[i]
+        req.fe = [s[i], t[i], q[i], _NAN, _NAN, _NAN, _NAN]
+        self.head = i + 1
+        if self.head >= 65536 and self.head * 2 >= len(a):
+            for c in self.cols:
+                del c[:self.head]
+            self.head = 0
+
+
+class Frontend:
+    """``api_server_count`` API servers between the client and the engine replicas.
+
+    ``submit(req)`` takes a request at its send time and hands it to ``admit(req)`` (the
+    client's engine-side dispatch) when it reaches the engine core; ``on_step`` (called by
+    the recorder after each engine step) computes when the step's tokens reach the client;
+    ``on_engine_finish(req)`` defers the client's ``on_finish`` to that moment."""
+
+    RING = 64  # recent steps per replica kept for inter-token gap look-ups
+
+    def __init__(self, env: simpy.Environment, params: FrontendParams, num_servers: int,
+                 admit, client_finish, recorder=None, max_model_len: int = 0):
+        self.env = env
+        self.max_model_len = max_model_len
+        # False when nothing waits for a finished request's client slot (no max_concurrency):
+        # the client's bookkeeping then runs at once, its times already the client's
+        self.defer_finish = True
+        self.p = params
+        self.n = max(1, int(num_servers))
+        self.servers = [_ApiServer() for _ in range(self.n)]
+        self.admit = admit
+        self.client_finish = client_finish
+        self.rec = recorder
+        self.held = Held()
+        self._rr = 0
+        self._rings: dict[int, deque] = {}
+        self._pending_t = -1.0
+        self._pending: list | None = None
+        self.num_batches = 0
+        self.busy_seconds = [0.0] * self.n
+        for i in range(self.n):
+            env.process(self._tokenizer(i))
+
+    # -- request path --------------------------------------------------------------------------
+
+    def submit(self, spec, send: float) -> None:
+        """The client sent ``spec`` at ``send`` (now): queue its request work on an API
+        server's asyncio thread; it then waits for the tokenizer."""
+        i = self._rr
+        self._rr = (i + 1) % self.n
+        s = self.servers[i]
+        start = s.busy if s.busy > send else send
+        done = start + self.p.request_s
+        s.busy = done
+        self.busy_seconds[i] += self.p.request_s
+        s.ingress.push(spec, send, done)  # done: vLLM's arrival_time (the renderer starts)
+        if s.wake is not None and not s.wake.triggered:
+            s.wake.succeed()
+
+    def _tokenizer(self, i: int):
+        """vLLM's ``AsyncMicrobatchTokenizer._batch_encode_loop`` for API server ``i``."""
+        env, p = self.env, self.p
+        s = self.servers[i]
+        q = s.ingress
+        wait, cap, per_tok = p.tokenizer_batch_wait_s, p.tokenizer_max_batch, \
+            p.tokenize_per_token_s
+        ipc = p.ipc_s
+        while True:
+            if not q:
+                s.wake = env.event()
+                yield s.wake
+                s.wake = None
+                continue
+            # the batcher takes the first queued prompt once the previous batch is done
+            opened = max(q.at(0), s.tok_free)
+            if opened > env.now:
+                yield env.timeout(opened - env.now)
+            deadline = opened + wait
+            # 32 prompts already queued by the deadline close the window at the 32nd
+            if len(q) >= cap and q.at(cap - 1) <= deadline:
+                close = max(opened, q.at(cap - 1))
+            else:
+                if deadline > env.now:
+                    yield env.timeout(deadline - env.now)
+                close = deadline  # (a 32nd prompt queued mid-window: closed at the deadline)
+            batch = []
+            tokens = 0
+            while len(q) and len(batch) < cap and q.at(0) <= close:
+                item = q.pop()
+                batch.append(item)
+                tokens += item[0].prompt_len
+            done = max(close, env.now) + per_tok * tokens
+            s.tok_free = done
+            self.num_batches += 1
+            ev = env.timeout(done + ipc - env.now)
+            ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
+
+    def _to_engine(self, batch: list, server: int, tokenized: float) -> None:
+        """A tokenized batch reaches the engine core: the requests are built now."""
+        now = self.env.now
+        admit, mml = self.admit, self.max_model_len
+        for spec, send, t in batch:
+            r = Request(spec, spec.extra["_index"], mml, send)
+            r.arrival_time = t
+            r.fe = [server, tokenized, now, _NAN, _NAN, _NAN, _NAN]
+            admit(r)
+
+    # -- output path ---------------------------------------------------------------------------
+
+    def on_step(self, replica_id: int, out, now: float, itl_explicit: list,
+                itl_weighted: list, engine_itl: list) -> None:
+        """After an engine step that ended at ``now``: the output work of its tokens on each
+        API server, the client's first-token times, and inter-token gaps as the client sees
+        them (the engine's gaps move to ``engine_itl`` as (value, count) pairs)."""
+        shape = out.shape
+        n_tok = shape.num_sampled if shape is not None else 0
+        if not n_tok:
+            return
+        p = self.p
+        arrive = now + p.ipc_s
+        n = self.n
+        if n == 1:
+            s = self.servers[0]
+            start = s.busy if s.busy > arrive else arrive
+            work = p.detokenize_per_token_s * n_tok
+            s.busy = done = start + work
+            self.busy_seconds[0] += work
+            s.last_start, s.last_done = start, done
+            delays = done - now
+        else:
+            base, extra = divmod(n_tok, n)
+            dl = []
+            for i, s in enumerate(self.servers):
+                k = base + (1 if i < extra else 0)
+                start = s.busy if s.busy > arrive else arrive
+                work = p.detokenize_per_token_s * k
+                s.busy = done = start + work
+                self.busy_seconds[i] += work
+                s.last_start, s.last_done = start, done
+                dl.append(done - now)
+            delays = tuple(dl)
+        ring = self._rings.get(replica_id)
+        if ring is None:
+            ring = self._rings[replica_id] = deque(maxlen=self.RING)
+        prev = ring[-1][1] if ring else delays
+        # decode group of a fast step: every member's previous token came the step before
+        if out.fast and out.num_group and itl_weighted:
+            v, c = itl_weighted[-1]
+            engine_itl.append((v, c))
+            t = now - v
+            if ring and abs(ring[-1][0] - t) <= 1e-9 * (1.0 + t):  # the previous step
+                before = prev
+            else:
+                before = self._delay_at(ring, t, prev)
+            if n == 1:
+                itl_weighted[-1] = (v + delays - before, c)
+            else:
+                base, extra = divmod(c, n)
+                itl_weighted.pop()
+                for i in range(n):
+                    k = base + (1 if i < extra else 0)
+                    if k:
+                        itl_weighted.append((v + delays[i] - before[i], k))
+        sampled = out.sampled  # the rows that got a token (not mid-prefill chunks)
+        if sampled is None:
+            sampled = [r for r, _, _ in out.scheduled if r.last_token_time == now]
+        if sampled:
+            k = len(itl_explicit)
+            rows = []
+            for req in sampled:
+                fe = req.fe
+                if fe[3] != fe[3]:  # NaN: its first token
+                    srv = self.servers[fe[0]] if n > 1 else self.servers[0]
+                    fe[3] = now
+                    fe[4] = srv.last_start
+                    req.first_token_time = srv.last_done
+                else:
+                    rows.append(req)
+            if rows:
+                k -= len(rows)
+                for j, req in enumerate(rows):
+                    v = itl_explicit[k + j]
+                    engine_itl.append((v, 1))
+                    before = self._delay_at(ring, now - v, prev)
+                    if n == 1:
+                        itl_explicit[k + j] = v + delays - before
+                    else:
+                        a = req.fe[0]
+                        itl_explicit[k + j] = v + delays[a] - before[a]
+        ring.append((now, delays))
+
+    @staticmethod
+    def _delay_at(ring: deque, t: float, default):
+        """The client delay of this replica's step that ended at ``t`` (recent steps only;
+        else the previous step's)."""
+        tol = 1e-9 * (1.0 + abs(t))
+        for te, d in reversed(ring):
+            if abs(te - t) <= tol:
+                return d
+            if te < t - tol:
+                break
+        return default
+
+    def on_engine_finish(self, req) -> None:
+        """``req`` finished in the engine step just recorded: the client sees it when that
+        step's output work is done; the client's bookkeeping (concurrency slot, session
+        follow-ups, the request's row) happens then."""
+        fe = req.fe
+        s = self.servers[fe[0]] if self.n > 1 else self.servers[0]
+        fe[5] = req.finish_time
+        fe[6] = s.last_start
+        t = s.last_done
+        req.finish_time = t
+        if not self.defer_finish:  # nothing waits for the client's slot: record it now
+            self.client_finish(req)  # (its times are the client's already)
+            return
+        if self._pending is not None and t == self._pending_t:
+            self._pending.append(req)
+            return
+        batch = [req]
+        self._pending, self._pending_t = batch, t
+        ev = self.env.timeout(t - self.env.now)
+        ev.callbacks.append(lambda _ev, b=batch: self._finish(b))
+
+    def _finish(self, batch: list) -> None:
+        if self._pending is batch:
+            self._pending = None
+        cf = self.client_finish
+        for r in batch:
+            cf(r)
+
+    def drain(self):
+        """(spec, send time) of the requests still waiting for a tokenizer (the run ended)."""
+        for s in self.servers:
+            while len(s.ingress):
+                spec, send, _ = s.ingress.pop()
+                yield spec, send
+
+
+__all__ = ["FIT_PARAMS", "Frontend", "FrontendParams", "Held", "resolve_frontend"]

@@ -1,0 +1,123 @@
+"""The API-server frontend (simulator/frontend.py): client-visible TTFT above the engine's by
+the named terms, queueing when the API server is busy, the tokenizer's micro-batches, the
+calibration file's ``frontend:`` section and config overrides."""
+
+import math
+
+import numpy as np
+import pytest
+from servesim.reports.bench_result import TTFT_TERMS, compute_bench_result
+from servesim.reports.console import summary_lines
+from servesim.simulator.config import load_config, resolve_config
+from servesim.simulator.frontend import FrontendParams
+from servesim.simulator.runner import run_experiment
+
+
+def run(*overrides):
+    cfg = resolve_config(load_config(None, list(overrides)))
+    return run_experiment(cfg, resolved=True)
+
+
+def test_default_priors_add_the_named_terms_at_concurrency_one():
+    """Llama-3.1-8B on an H100, one request at a time, 1,024-token prompts: the client's TTFT
+    is the engine's (queue + prefill) plus exactly the frontend's terms at their priors."""
+    r = run("model.name=llama-3.1-8b", "hardware.name=h100-sxm", "workload.num_prompts=6",
+            "workload.request_rate=inf", "workload.max_concurrency=1", "workload.input_len=1024",
+            "workload.range_ratio=0", "workload.output_len=16")
+    q = r.requests
+    p = FrontendParams()
+    engine_only = q["queue_s"] + q["prefill_s"]
+    terms = (p.request_s + p.tokenizer_batch_wait_s + 1024 * p.tokenize_per_token_s
+             + 2 * p.ipc_s + p.detokenize_per_token_s)
+    np.testing.assert_allclose(q["ttft_s"] - engine_only, terms, rtol=0, atol=1e-9)
+    assert terms > 3e-3  # the 2 ms tokenizer window + 1 ms of tokenization + the rest
+    # vLLM's Prometheus TTFT starts at the API server's arrival_time and ends when the output
+    # handler starts on the token: the request work and the final output work are outside
+    np.testing.assert_allclose(q["ttft_s"] - q["engine_ttft_s"],
+                               p.request_s + p.detokenize_per_token_s, atol=1e-9)
+    # TPOT: every token pays the same delivery delay, so client and engine agree
+    np.testing.assert_allclose(q["tpot_s"], q["engine_tpot_s"], rtol=1e-9)
+    bench = compute_bench_result(r)
+    bd = bench["ttft_breakdown_ms"]
+    assert list(bd) == [t[0] for t in TTFT_TERMS]
+    assert math.isclose(sum(bd.values()), bench["mean_ttft_ms"], abs_tol=1e-5)  # ns terms
+    assert math.isclose(bd["tokenizer"], 1e3 * (p.tokenizer_batch_wait_s
+                                                 + 1024 * p.tokenize_per_token_s), rel_tol=1e-6)
+    assert math.isclose(bd["ipc_in"], 1e3 * p.ipc_s, rel_tol=1e-6)
+    assert bench["engine_metrics"]["ttft"] == "vllm:time_to_first_token_seconds"
+    assert math.isclose(bench["mean_engine_ttft_ms"], 1e3 * float(np.mean(q["engine_ttft_s"])))
+    assert bench["frontend"]["api_server_count"] == 1
+    text = "\n".join(summary_lines(bench))
+    for name in ("Mean TTFT breakdown", "api server", "tokenizer", "ipc in", "engine queue",
+                 "engine prefill", "output", "tokenize per token", "tokenizer batch window",
+                 "IPC hop, each way", "detokenize+SSE per token", "Mean engine TTFT"):
+        assert name in text, name
+
+
+def test_disabled_frontend_is_the_engine_alone():
+    r = run("frontend.enable=false", "workload.num_prompts=20", "workload.request_rate=4")
+    q = r.requests
+    np.testing.assert_allclose(q["ttft_s"], q["queue_s"] + q["prefill_s"], atol=1e-12)
+    np.testing.assert_allclose(q["engine_ttft_s"], q["ttft_s"])
+    assert r.frontend == {"enable": False}
+
+
+def test_busy_api_server_queues_requests_and_more_servers_help():
+    base = ["workload.num_prompts=400", "workload.request_rate=800", "workload.input_len=16",
+            "workload.output_len=2", "workload.range_ratio=0"]
+    light = run(*base, "frontend.request_s=2e-4")
+    heavy = run(*base, "frontend.request_s=1.5e-3")  # 800/s x 1.5 ms: over one process
+    two = run(*base, "frontend.request_s=1.5e-3", "frontend.api_server_count=2")
+    t = {k: float(np.nanmean(v.requests["ttft_s"])) for k, v in
+         (("light", light), ("heavy", heavy), ("two", two))}
+    assert t["heavy"] > t["light"] + 0.05  # a backlog: far more than the 1.3 ms difference
+    assert t["two"] < 0.5 * t["heavy"]
+    assert two.frontend["api_server_count"] == 2
+    # the engine sees the requests later, not slower
+    np.testing.assert_allclose(np.nanmean(heavy.requests["prefill_s"]),
+                               np.nanmean(light.requests["prefill_s"]), rtol=0.5)
+
+
+def test_tokenizer_takes_at_most_32_prompts_per_batch():
+    r = run("workload.num_prompts=100", "workload.request_rate=inf", "workload.input_len=64",
+            "workload.output_len=2", "frontend.request_s=1e-6")
+    q = r.requests
+    tok = q["tokenized_s"]
+    _, counts = np.unique(tok, return_counts=True)
+    assert counts.max() == 32 and r.counters["tokenizer_batches"] == len(counts) >= 4
+    # the engine gets each batch one IPC hop after it is tokenized
+    np.testing.assert_allclose(q["queued_s"] - tok, FrontendParams().ipc_s, atol=1e-12)
+
+
+def test_calibration_frontend_section_and_config_override(tmp_path):
+    cal = tmp_path / "fit.yaml"
+    cal.write_text("version: 2\ngpu: a100-sxm4-80gb\nlayer_over: auto\n"
+                   "frontend: {request_s: 0.002, ipc_s: 0.0004}\n")
+    r = run(f"hardware.calibration={cal}", "workload.num_prompts=5", "workload.request_rate=1",
+            "frontend.ipc_s=0.0001")
+    fe = r.frontend
+    assert fe["params"]["request_s"] == 0.002 and fe["params"]["ipc_s"] == 0.0001
+    assert fe["provenance"]["request_s"] == "calibration:fit.yaml"
+    assert fe["provenance"]["ipc_s"] == "config"
+    assert fe["provenance"]["tokenize_per_token_s"].startswith("prior")
+
+
+@pytest.mark.parametrize("ov", [[], ["workload.max_concurrency=8"],
+                                ["parallel.data_parallel_size=2"]])
+def test_client_times_follow_the_engine(ov):
+    r = run("workload.num_prompts=60", "workload.request_rate=20", "workload.output_len=24",
+            *ov)
+    q = r.requests
+    ok = q["finished_reason"] == "length"
+    assert ok.all()
+    # each stage after the previous
+    for a, b in (("send_s", "frontend_arrival_s"), ("frontend_arrival_s", "tokenized_s"),
+                 ("tokenized_s", "queued_s"), ("queued_s", "first_scheduled_s"),
+                 ("engine_first_token_s", "first_token_iter_s"),
+                 ("first_token_iter_s", "first_token_s")):
+        assert (q[b] >= q[a] - 1e-12).all(), (a, b)
+    assert (q["e2el_s"] > q["engine_e2el_s"]).all()
+    # client ITLs: the same total as the engine's, tokens delayed alike
+    v, c = r.itl_values, r.itl_counts
+    ev, ec = r.engine_itl.exact_sample()
+    assert math.isclose((v * c).sum(), (ev * ec).sum(), rel_tol=1e-3)
