@@ -8,8 +8,10 @@ Roofline with the documented default efficiencies (``hardware.calibration: none`
     op seconds = max(flops / (peak · eff_c), bytes / (bw · eff_m)) + kernels · 2 µs
 
 GEMM per layer: flops 2·T·n·k, bytes n·k·w + T·(n + k)·2 (bf16 activations; w = 2 bf16,
-1 fp8); elementwise ops are memory-bound at 70% of HBM; step = max(Σ GPU ops, CPU launch
-time) + host (126 µs + 4 µs/request + 0.02 µs/token).
+1 fp8); elementwise ops are memory-bound at 70% of HBM; forward = max(Σ GPU ops, CPU launch
+time); host = 126 µs + 4 µs/request + 0.02 µs/token; step = max(forward, host) + 20 µs
+with async scheduling (vLLM's default: the host work of the next batch overlaps this one's
+GPU work), forward + host without.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ EW = 0.70
 # host priors
 PER_STEP, PER_REQ, PER_TOK = 126e-6, 4e-6, 2e-8
 LAUNCH, GRAPH_LAUNCH = 5e-6, 10e-6
+ASYNC_RESIDUAL = 20e-6  # the part of an async step the overlap cannot hide
+
+
+def total(fwd, host, async_scheduling=True):
+    """A step's seconds from its forward (GPU or launch bound) and host seconds."""
+    return max(fwd, host) + ASYNC_RESIDUAL if async_scheduling else fwd + host
 
 A100 = {"peak": 312e12, "bw": 2039e9, "link_bw": 300e9, "lat": 3e-6, "mem": 79.15}
 H100 = {"peak": 989.4e12, "fp8": 1978.9e12, "bw": 3350e9, "link_bw": 450e9, "lat": 3e-6,
@@ -140,11 +148,17 @@ def test_llama8b_decode_step_by_value(m8, nd, ctx):
     gpu += lm[2] + sampler[2]
     launch = GRAPH_LAUNCH + 9 * LAUNCH  # one graph replay + LM head and 8 sampler kernels
     host = PER_STEP + PER_REQ * nd + PER_TOK * nd
-    want = max(gpu, launch) + host
+    want = total(max(gpu, launch), host)
     assert m8.step_seconds(b) == pytest.approx(want, rel=1e-12)
     st = m8.step_time(b)
     assert (st.cudagraph, st.padded_batch) == ("FULL", 8)
     assert sum(o.seconds for o in st.breakdown) == pytest.approx(want, rel=1e-12)
+    assert st.gpu_seconds == pytest.approx(max(gpu, launch), rel=1e-12)
+    assert st.host_seconds == pytest.approx(host, rel=1e-12)
+    # synchronous scheduling: the host work adds to the forward
+    sync = model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                 "scheduler.async_scheduling=false")
+    assert sync.step_seconds(b) == pytest.approx(max(gpu, launch) + host, rel=1e-12)
 
 
 def test_llama8b_prefill_chunk_by_value(m8):
@@ -170,7 +184,7 @@ def test_llama8b_prefill_chunk_by_value(m8):
     gpu += lm[2] + sampler[2]
     # piecewise: L + 1 graph pieces, attention (2 kernels per layer) launched eagerly
     launch = (L + 1) * GRAPH_LAUNCH + L * 2 * LAUNCH + 9 * LAUNCH
-    want = max(gpu, launch) + PER_STEP + PER_REQ + PER_TOK * C
+    want = total(max(gpu, launch), PER_STEP + PER_REQ + PER_TOK * C)
     assert m8.step_seconds(b) == pytest.approx(want, rel=1e-12)
     assert m8.step_time(b).cudagraph == "PIECEWISE"
 
@@ -184,8 +198,8 @@ def test_llama8b_eager_above_largest_graph(m8):
     n_launch = 32 * 10 + 2 + 9
     assert ops(m8, b)["kernel_launch"].count == n_launch
     gpu = sum(o.seconds for o in st.breakdown if o.name not in ("kernel_launch", "host"))
-    assert st.seconds == pytest.approx(max(gpu, n_launch * LAUNCH) + PER_STEP + PER_REQ
-                                       + PER_TOK * 600, rel=1e-12)
+    assert st.seconds == pytest.approx(total(max(gpu, n_launch * LAUNCH), PER_STEP + PER_REQ
+                                             + PER_TOK * 600), rel=1e-12)
 
 
 def test_async_scheduling_by_value():
@@ -506,10 +520,15 @@ def test_deepseek_mla_moe_memory_terms():
 
 
 def test_sliding_window_limits_blocks_per_request():
-    """Mistral-7B (window 4096): a request holds at most window − 1 + a step's tokens."""
+    """Mistral-7B (window 4096): a request holds at most window − 1 + a step's tokens, capped
+    by max_model_len, + 1 block because the window need not start at a block boundary
+    (vLLM's ``SlidingWindowSpec.max_memory_usage_bytes``)."""
     p = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb"))
-    assert p.blocks_per_request == -(-(4096 - 1 + 2048) // 16)
+    assert p.blocks_per_request == -(-(4096 - 1 + 2048) // 16) + 1 == 385
     assert p.max_concurrency == p.num_gpu_blocks / p.blocks_per_request
+    short = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb",
+                                 "model.max_model_len=5000"))
+    assert short.blocks_per_request == -(-5000 // 16) + 1 == 314  # min(6143, 5000) tokens
 
 
 def test_int4_and_tied_weights_by_value():
@@ -665,8 +684,8 @@ def test_launch_bound_steps_by_value():
     assert gpu < n * LAUNCH
     assert o["kernel_launch"].seconds == pytest.approx(n * LAUNCH - gpu, rel=1e-9)
     host = PER_STEP + PER_REQ + PER_TOK
-    assert st.seconds == pytest.approx(n * LAUNCH + host, rel=1e-12)
-    assert eager.step_seconds(b) == pytest.approx(n * LAUNCH + host, rel=1e-12)
+    assert st.seconds == pytest.approx(total(n * LAUNCH, host), rel=1e-12)
+    assert eager.step_seconds(b) == pytest.approx(total(n * LAUNCH, host), rel=1e-12)
     pw = model("model.name=llama-2-7b", "hardware.name=b200", "parallel.tensor_parallel_size=8")
     mix = BatchShape(num_decode=1, decode_context_sum=10, decode_context_max=10,
                      prefill_new_tokens=(7,), prefill_context=(0,), num_sampled=2)
@@ -676,16 +695,16 @@ def test_launch_bound_steps_by_value():
     assert o["kernel_launch"].count == 33 + 64 + 9
     gpu = sum(x.seconds for x in st.breakdown if x.name not in ("kernel_launch", "host"))
     assert o["kernel_launch"].seconds == pytest.approx(max(0.0, launch - gpu), abs=1e-15)
-    assert st.seconds == pytest.approx(max(gpu, launch) + PER_STEP + 2 * PER_REQ
-                                       + 8 * PER_TOK, rel=1e-12)
+    assert st.seconds == pytest.approx(total(max(gpu, launch), PER_STEP + 2 * PER_REQ
+                                             + 8 * PER_TOK), rel=1e-12)
     # a batch that samples nothing launches no LM head or sampler
     chunk = BatchShape(prefill_new_tokens=(7,), prefill_context=(0,), num_sampled=0)
     st = pw.step_time(chunk)
     assert {x.name: x for x in st.breakdown}["kernel_launch"].count == 33 + 64
     assert "lm_head" not in {x.name for x in st.breakdown}
     gpu = sum(x.seconds for x in st.breakdown if x.name not in ("kernel_launch", "host"))
-    assert st.seconds == pytest.approx(max(gpu, 33 * GRAPH_LAUNCH + 64 * LAUNCH) + PER_STEP
-                                       + PER_REQ + 7 * PER_TOK, rel=1e-12)
+    assert st.seconds == pytest.approx(total(max(gpu, 33 * GRAPH_LAUNCH + 64 * LAUNCH),
+                                             PER_STEP + PER_REQ + 7 * PER_TOK), rel=1e-12)
 
 
 def test_roofline_floor_by_value(m8):
@@ -789,7 +808,7 @@ def test_memory_log_lines_and_dict_by_value():
 def test_sliding_window_request_tokens_exactly():
     p = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb",
                              "scheduler.max_num_batched_tokens=2050"))
-    assert p.blocks_per_request == -(-(4096 - 1 + 2050) // 16) == 385
+    assert p.blocks_per_request == -(-(4096 - 1 + 2050) // 16) + 1 == 386
 
 
 def test_graph_pool_follows_the_capture_sizes():
@@ -951,7 +970,7 @@ def test_build_cost_model_passes_the_resolved_config():
 
     cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
                    "hardware.calibration=none", "scheduler.max_num_seqs=48",
-                   "scheduler.max_num_batched_tokens=1000")
+                   "scheduler.max_num_batched_tokens=1000", "scheduler.async_scheduling=false")
     m = build_cost_model(cfg)
     assert (m.max_num_seqs, m.max_num_batched_tokens) == (48, 1000)
     assert m.capture_sizes[-1] == 96  # min(2·48, 512) capped by 1000 tokens
@@ -1049,3 +1068,34 @@ def test_calibrated_prefill_attention_with_a_sliding_window():
     # a chunk inside the window: the measured time as is
     b = ops(m, prefill(1000, 3000))["attn"]
     assert b.seconds == pytest.approx(32 * (2e-5 + 2e-6), rel=1e-9)
+
+
+def test_batch_limits_fill_unset_values_as_vllm():
+    """``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``: hardware defaults
+    (A100: 256 seqs, 2048 tokens); without chunked prefill an unset budget is at least
+    max_model_len; an unset budget is at most max_num_seqs · max_model_len; an unset
+    max_num_seqs is at most the budget. Values given are kept."""
+    from servesim.costmodels.specs import HardwareSpec
+    from servesim.costmodels.step import batch_limits
+
+    a100 = HardwareSpec(name="a100-sxm4-80gb", bf16_tflops=1.0, memory_gib=79.15,
+                        mem_bw_gbps=1.0)
+    assert batch_limits(a100, None, None, 4096) == (256, 2048)
+    assert batch_limits(a100, None, None, 8192, enable_chunked_prefill=False) == (256, 8192)
+    assert batch_limits(a100, 4, None, 100, enable_chunked_prefill=False) == (4, 400)
+    assert batch_limits(a100, None, None, 4) == (256, 1024)  # 256 · 4
+    assert batch_limits(a100, None, 100, 4096) == (100, 100)
+    assert batch_limits(a100, 300, 100, 4096) == (300, 100)  # given: kept
+
+
+def test_the_token_budget_is_a_capture_size():
+    """vLLM appends max_num_batched_tokens to the capture sizes when it is ≤ the largest
+    (``_set_cudagraph_sizes``): with a 300-token budget a 290-token mixed batch runs the
+    300-token PIECEWISE graph (not eager), 250 tokens the 256 one."""
+    m = model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+              "scheduler.max_num_batched_tokens=300")
+    assert m.capture_sizes == [1, 2, 4] + list(range(8, 256, 8)) + [256, 272, 288, 300]
+    for T, padded in ((290, 300), (300, 300), (250, 256), (9, 16)):
+        st = m.step_time(prefill(T))
+        assert (st.cudagraph, st.padded_batch) == ("PIECEWISE", padded), T
+        check(ops(m, prefill(T))["qkv_proj"], *gemm(padded, 6144, 4096, A100, 32))
