@@ -111,6 +111,11 @@ def _raw(n):
         "request_id": np.array([str(k) for k in range(n)], dtype=object),
         "finished_reason": reasons,
         "error": np.where(rej, "too long", "").astype(object),
+        # an engine-only run: no client control, the frontend's times are the send times
+        "stage": np.zeros(n), "warmup": np.zeros(n), "attempts": np.ones(n),
+        "frontend_arrival_s": i * 0.1, "tokenized_s": i * 0.1, "queued_s": i * 0.1,
+        "engine_first_token_s": np.full(n, np.nan), "engine_finish_s": np.full(n, np.nan),
+        "first_token_iter_s": np.full(n, np.nan), "finish_iter_s": np.full(n, np.nan),
     }
 
 

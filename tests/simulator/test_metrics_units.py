@@ -23,25 +23,51 @@ from servesim.simulator.metrics import (
 NAN = math.nan
 
 
-def raw_rows(n_offset=0, reasons=("length", "stop", "rejected", "in_flight", "length")):
-    """Five raw engine rows (s, tokens). Row 1 has one output token; row 2 was rejected at
-    send; row 3 never finished; row 4 was queued by the client (send > arrival)."""
+def raw_rows(n_offset=0, reasons=("length", "stop", "rejected", "in_flight", "length"),
+             frontend=True):
+    """Five raw engine rows (s, tokens). Row 1 has one output token; row 2 was rejected when
+    it reached the engine; row 3 never finished; row 4 was queued by the client
+    (send > arrival).
+
+    ``frontend``: the API server's timestamps (multiples of 1/32 s, exact in binary): vLLM's
+    arrival_time = send + 1/32 (request work), tokenized + 1/16, queued in the engine core
+    + 3/32; the engine's first/last token 1/8 s before the client sees it, the output work
+    starting 3/32 s before. Without: the rows an engine-only run records (arrival = queued
+    = send, engine times NaN: the client's are the engine's)."""
     k = len(reasons)
+    send = np.array([0.0, 0.5, 1.0, 1.5, 2.75])[:k]
+    first = np.array([0.5, 0.75, NAN, 2.0, 3.25])[:k]
+    finish = np.array([1.5, 0.75, 1.09375, NAN, 4.25])[:k]
     r = {
         "index": np.arange(k, dtype=float) + n_offset,
         "arrival_s": np.array([0.0, 0.5, 1.0, 1.5, 2.0])[:k],
-        "send_s": np.array([0.0, 0.5, 1.0, 1.5, 2.75])[:k],
+        "send_s": send,
         "prompt_len": np.array([100.0, 20, 9000, 50, 64])[:k],
         "output_len": np.array([5.0, 1, 0, 2, 3])[:k],
         "num_cached_tokens": np.array([0.0, 16, 0, 0, 32])[:k],
-        "first_scheduled_s": np.array([0.25, 0.5, NAN, 1.75, 3.0])[:k],
-        "first_token_s": np.array([0.5, 0.75, NAN, 2.0, 3.25])[:k],
-        "finish_s": np.array([1.5, 0.75, 1.0, NAN, 4.25])[:k],
+        "first_scheduled_s": np.array([0.25, 0.625, NAN, 1.75, 3.0])[:k],
+        "first_token_s": first,
+        "finish_s": finish,
         "num_preemptions": np.array([1.0, 0, 0, 0, 2])[:k],
+        "stage": np.array([0.0, 0, 1, 1, 1])[:k],
+        "warmup": np.array([1.0, 0, 0, 0, 0])[:k],
+        "attempts": np.array([1.0, 1, 1, 2, 1])[:k],
         "request_id": np.array([f"r{i + n_offset}" for i in range(k)], dtype=object),
         "finished_reason": np.array(reasons, dtype=object),
         "error": np.array(["", "", "too long", "still in flight", ""][:k], dtype=object),
     }
+    if frontend:
+        done = np.array([True, True, False, False, True])[:k]
+        r |= {"frontend_arrival_s": send + 1 / 32, "tokenized_s": send + 1 / 16,
+              "queued_s": send + 3 / 32,
+              "engine_first_token_s": first - 1 / 8, "first_token_iter_s": first - 3 / 32,
+              "engine_finish_s": np.where(done, finish - 1 / 8, NAN),
+              "finish_iter_s": np.where(done, finish - 3 / 32, NAN)}
+    else:
+        r |= {"frontend_arrival_s": send, "tokenized_s": send, "queued_s": send}
+        r |= {f: np.full(k, NAN) for f in ("engine_first_token_s", "first_token_iter_s",
+                                            "engine_finish_s", "finish_iter_s")}
+    assert set(r) == set(RAW_FIELDS) | set(RAW_STRINGS)
     return r
 
 
@@ -53,8 +79,9 @@ def test_derive_request_columns_by_hand():
     # TPOT = (E2EL − TTFT)/(out − 1): (1.5 − 0.5)/4, undefined for one token, (1.5 − .5)/2
     np.testing.assert_array_equal(c["tpot_s"], [0.25, nan, nan, nan, 0.5])
     np.testing.assert_array_equal(c["finish_s"], [1.5, 0.75, nan, nan, 4.25])
-    # queue = first scheduled − send (from send, not arrival, for the client-queued row 4)
-    np.testing.assert_array_equal(c["queue_s"], [0.25, 0.0, nan, 0.25, 0.25])
+    # queue = first scheduled − queued in the engine core (send + 3/32; not arrival, for the
+    # client-queued row 4)
+    np.testing.assert_array_equal(c["queue_s"], [0.15625, 0.03125, nan, 0.15625, 0.15625])
     for k in ("prompt_len", "output_len", "num_cached_tokens", "num_preemptions"):
         assert c[k].dtype == np.int64, k
     assert c["prompt_len"].tolist() == [100, 20, 9000, 50, 64]
@@ -64,12 +91,70 @@ def test_derive_request_columns_by_hand():
     np.testing.assert_array_equal(c["arrival_s"], [0.0, 0.5, 1.0, 1.5, 2.0])
     np.testing.assert_array_equal(c["send_s"], [0.0, 0.5, 1.0, 1.5, 2.75])
     np.testing.assert_array_equal(c["first_token_s"], [0.5, 0.75, nan, 2.0, 3.25])
-    np.testing.assert_array_equal(c["first_scheduled_s"], [0.25, 0.5, nan, 1.75, 3.0])
+    np.testing.assert_array_equal(c["first_scheduled_s"], [0.25, 0.625, nan, 1.75, 3.0])
     assert c["request_id"].tolist() == ["r0", "r1", "r2", "r3", "r4"]
     assert c["finished_reason"].tolist() == ["length", "stop", "rejected", "in_flight",
                                              "length"]
     assert c["error"].tolist() == ["", "", "too long", "still in flight", ""]
-    assert set(c) == set(metrics.REQUEST_COLUMNS) | {"send_s", "error"}
+    # engine side (vLLM's Prometheus histograms), from vLLM's arrival_time (send + 1/32) to
+    # the output handler's iteration start (the engine's token + 1/32)
+    np.testing.assert_array_equal(c["engine_ttft_s"], [0.375, 0.125, nan, nan, 0.375])
+    np.testing.assert_array_equal(c["engine_e2el_s"], [1.375, 0.125, nan, nan, 1.375])
+    # prefill = engine first token − first scheduled; decode = engine last − first token;
+    # engine TPOT = decode / (out − 1)
+    np.testing.assert_array_equal(c["prefill_s"], [0.125, 0.0, nan, nan, 0.125])
+    np.testing.assert_array_equal(c["decode_s"], [1.0, 0.0, nan, nan, 1.0])
+    np.testing.assert_array_equal(c["engine_tpot_s"], [0.25, nan, nan, nan, 0.5])
+    np.testing.assert_array_equal(c["frontend_arrival_s"], np.array(c["send_s"]) + 1 / 32)
+    np.testing.assert_array_equal(c["tokenized_s"], np.array(c["send_s"]) + 1 / 16)
+    np.testing.assert_array_equal(c["queued_s"], np.array(c["send_s"]) + 3 / 32)
+    np.testing.assert_array_equal(c["engine_first_token_s"],
+                                  [0.375, 0.625, nan, 1.875, 3.125])
+    np.testing.assert_array_equal(c["first_token_iter_s"],
+                                  [0.40625, 0.65625, nan, 1.90625, 3.15625])
+    assert set(c) == (set(metrics.REQUEST_COLUMNS) | set(metrics.ENGINE_COLUMNS)
+                      | {"send_s", "error", "frontend_arrival_s", "tokenized_s", "queued_s",
+                         "engine_first_token_s", "first_token_iter_s"})
+    assert not set(metrics.CLIENT_COLUMNS) & set(c)
+
+
+def test_derive_engine_only_rows_equal_the_client_times():
+    """Without a frontend the engine's times are the client's: engine TTFT/E2EL/TPOT equal
+    the client's, queue = first scheduled − send, prefill = first token − first scheduled,
+    decode = finish − first token."""
+    c = derive_request_columns(raw_rows(frontend=False))
+    nan = np.nan
+    np.testing.assert_array_equal(c["queue_s"], [0.25, 0.125, nan, 0.25, 0.25])
+    for k in ("ttft", "e2el", "tpot"):
+        np.testing.assert_array_equal(c[f"engine_{k}_s"], c[f"{k}_s"], err_msg=k)
+    np.testing.assert_array_equal(c["engine_ttft_s"], [0.5, 0.25, nan, nan, 0.5])
+    np.testing.assert_array_equal(c["prefill_s"], [0.25, 0.125, nan, nan, 0.25])
+    np.testing.assert_array_equal(c["decode_s"], [1.0, 0.0, nan, nan, 1.0])
+    np.testing.assert_array_equal(c["engine_first_token_s"], [0.5, 0.75, nan, 2.0, 3.25])
+    np.testing.assert_array_equal(c["first_token_iter_s"], [0.5, 0.75, nan, 2.0, 3.25])
+    # rows written before the frontend existed (no frontend fields at all): the same
+    legacy = {k: v for k, v in raw_rows(frontend=False).items()
+              if k not in ("frontend_arrival_s", "tokenized_s", "queued_s",
+                           "engine_first_token_s", "first_token_iter_s", "engine_finish_s",
+                           "finish_iter_s")}
+    old = derive_request_columns(legacy)
+    assert set(old) == set(c)
+    for k in c:
+        if c[k].dtype.kind == "f":
+            np.testing.assert_array_equal(old[k], c[k], err_msg=k)
+        else:
+            assert old[k].tolist() == c[k].tolist(), k
+
+
+def test_derive_client_columns():
+    """Runs with stages, warm-up or timeouts add stage (int), warmup (bool), attempts (int)."""
+    c = derive_request_columns(raw_rows(), client_columns=True)
+    assert c["stage"].tolist() == [0, 0, 1, 1, 1] and c["stage"].dtype == np.int64
+    assert c["warmup"].tolist() == [True, False, False, False, False]
+    assert c["warmup"].dtype == bool
+    assert c["attempts"].tolist() == [1, 1, 1, 2, 1] and c["attempts"].dtype == np.int64
+    plain = derive_request_columns(raw_rows())
+    assert set(c) - set(plain) == set(metrics.CLIENT_COLUMNS)
 
 
 def test_derive_is_row_wise():
@@ -85,9 +170,15 @@ def test_derive_is_row_wise():
 
 
 def _chunk(idx, reasons=None):
+    """Raw rows of an engine-only run (no frontend, no client control)."""
     n = len(idx)
     reasons = reasons or ["length"] * n
+    send = np.asarray(idx, dtype=float) * 0.5
     return {
+        "stage": np.zeros(n), "warmup": np.zeros(n), "attempts": np.ones(n),
+        "frontend_arrival_s": send, "tokenized_s": send, "queued_s": send,
+        "engine_first_token_s": np.full(n, NAN), "engine_finish_s": np.full(n, NAN),
+        "first_token_iter_s": np.full(n, NAN), "finish_iter_s": np.full(n, NAN),
         "index": np.asarray(idx, dtype=float),
         "arrival_s": np.asarray(idx, dtype=float) * 0.5,
         "send_s": np.asarray(idx, dtype=float) * 0.5,
