@@ -28,10 +28,14 @@ servesim file sees what the default ``vllm bench serve`` writes):
   is ``queue_s`` in ``requests.csv``.
 - ``max_output_tokens_per_s``: vLLM buckets per-token timestamps by 1 s. servesim has no
   per-token timestamps, so tokens are counted per engine step at the step's end time
-  (``vllm:generation_tokens_total`` differences when the timeseries has that counter, else
-  ``num_decode_reqs`` per step plus one first token per completed request at ``first_token_s``)
-  and bucketed by ``floor(t − t0)`` with ``t0`` the first send of a completed request. Exact
-  when every step is recorded (``output.timeseries_interval_s`` unset).
+  (``num_generated_tokens``: the tokens the step sampled, first tokens and a recompute's
+  first token after a preemption included; timeseries of older runs: the differences of
+  ``vllm:generation_tokens_total`` when present, else ``num_decode_reqs`` per step plus one
+  first token per completed request at ``first_token_s``) and bucketed by ``floor(t − t0)``
+  with ``t0`` the first send of a completed request. Exact for runs without failed requests
+  when every step is recorded (``output.timeseries_interval_s`` unset) and without a
+  frontend; with one, the client sees a step's tokens ``ipc_s`` + the output work later, so a
+  step ending that close before a second boundary is counted one bucket early.
 - ``max_concurrent_requests``: exact sweep line over ``[send_s, finish_s)`` of completed
   requests (a finish and a send at the same instant do not overlap).
 - Detailed arrays (``save_detailed``): seconds; ``ttfts``/``latencies`` are 0.0 for failed
@@ -262,7 +266,10 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
     read window by window, keeping only per-bucket counts)."""
     steps = result.steps or {}
     times = np.asarray(steps.get("time_s", []), dtype=float)
-    if "vllm:generation_tokens_total" in steps:
+    if "num_generated_tokens" in steps:
+        tokens = np.asarray(steps["num_generated_tokens"], dtype=float)
+        first, firsts = np.zeros(0), iter(())
+    elif "vllm:generation_tokens_total" in steps:
         cum = np.asarray(steps["vllm:generation_tokens_total"], dtype=float)
         tokens = np.diff(cum, prepend=0.0)
         first, firsts = np.zeros(0), iter(())

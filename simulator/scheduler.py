@@ -79,6 +79,7 @@ class SchedulerOutput:
         "fast",
         "group_members",
         "num_group",
+        "num_new_tokens",
         "preempted",
         "sampled",
         "sampling",
@@ -107,6 +108,10 @@ class SchedulerOutput:
         self.seq = -1  # schedule() call number (set by _build_shape)
         # Requests of ``scheduled`` that got a token, in row order (set by update_from_output)
         self.sampled: list[Request] | None = None
+        # Tokens this step generated (first tokens and decode-group members included; with
+        # speculative decoding accepted + 1 per row): vLLM's iteration num_generation_tokens
+        # (set by update_from_output)
+        self.num_new_tokens = 0
         # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output)
         self.spec_decoding_stats = None
 
@@ -711,6 +716,7 @@ class Scheduler:
         spec = self.spec
         stats = spec.new_stats() if spec is not None else None
         sampled = out.sampled = []
+        new_tokens = out.num_group if out.fast else 0
         for req, n, c in out.scheduled:
             req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
@@ -738,6 +744,7 @@ class Scheduler:
                     if s else None
             req.num_tokens += num_new
             req.num_output_tokens += num_new
+            new_tokens += num_new
             if stats is not None:
                 stats.num_generation_tokens += num_new
             if req.first_token_time != req.first_token_time:
@@ -754,6 +761,7 @@ class Scheduler:
                     req.status = status
                 finished.append(req)
         out.spec_decoding_stats = stats
+        out.num_new_tokens = new_tokens
         if finished and not defer:
             self._remove_finished(finished, now)
         # Requests now exactly one token behind join the decode group.
@@ -876,6 +884,7 @@ class Scheduler:
                 req.num_output_placeholders -= 1
             req.num_tokens += 1
             req.num_output_tokens += 1
+            out.num_new_tokens += 1
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
             else:

@@ -173,14 +173,25 @@ def test_goodput(make_result, slo, good):
 
 def test_peak_output_tokens_and_concurrency(make_result):
     b = bench_of(make_result)
-    # 1-s buckets: [0,1) first .5 .8 + decode .7 .9 = 4; [1,2) 1.0 1.4 + 1.1 1.5 1.7 = 5
+    # 1-s buckets of num_generated_tokens (one per step): [0,1) .5 .7 .8 .9 = 4; [1,2) 1.0 1.1
+    # 1.4 1.5 1.7 = 5
     assert b["max_output_tokens_per_s"] == 5.0
+    r = make_result()
+    r.steps["num_generated_tokens"] = np.array([1, 1, 1, 1, 2, 1, 1, 1, 1, 7])
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 7.0  # [2,3)
+    # timeseries without it: decode rows per step + first tokens of completed requests
+    # [0,1) first .5 .8 + decode .7 .9 = 4; [1,2) 1.0 1.4 + 1.1 1.5 1.7 = 5
+    del r.steps["num_generated_tokens"]
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 5.0
+    r.steps["num_decode_reqs"] = np.array([0, 1, 0, 1, 0, 1, 0, 1, 1, 6])
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 6.0
     # [0,1.1) [.2,.8) [.5,2.5) [1,1.7): three at t=.5 and at t=1.0
     assert b["max_concurrent_requests"] == 3
 
 
 def test_peak_output_tokens_from_generation_counter(make_result):
     r = make_result()
+    del r.steps["num_generated_tokens"]  # a timeseries from before that column
     r.steps["vllm:generation_tokens_total"] = np.cumsum([1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) * 3
     # 3 tokens per step: [0,1) has 4 steps, [1,2) 5 steps, [2,3) 1 step
     assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 15.0
