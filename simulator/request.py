@@ -55,14 +55,14 @@ class Request:
 
     KV content identity for prefix caching: block ``i`` (``block_size`` tokens) hashes its
     parent's hash with a content key: the workload's ``prefix_block_ids[i]`` when given, else the
-    prompt's token ids when known, else a key unique to this request.
+    prompt's token ids when known; blocks past those hold content unique to the request.
     """
 
     __slots__ = (
         "_n_shared",
         "arrival_time",
         "block_hashes",
-        "blocks",
+        "block_ids",
         "d_computed",
         "d_mark",
         "eos_after",
@@ -71,6 +71,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "index",
+        "kv_pool",
         "last_token_time",
         "max_tokens",
         "num_cached_blocks",
@@ -82,6 +83,8 @@ class Request:
         "num_tokens",
         "prefix_block_ids",
         "prev_blocks",
+        "prev_cached",
+        "prev_pos",
         "priority",
         "prompt_len",
         "prompt_token_ids",
@@ -118,7 +121,8 @@ class Request:
         # the batch in flight returns (its stop is not yet known to vLLM's scheduler).
         self.stop_pending: RequestStatus | None = None
         self.status = RequestStatus.WAITING
-        self.blocks: list = []
+        self.block_ids: list[int] = []  # block table (ids); ``blocks`` gives views
+        self.kv_pool = None  # the BlockPool holding them (for ``blocks``)
         self.num_cached_blocks = 0
         self.block_hashes: list[int] = []
         self.num_cached_tokens = -1
@@ -131,12 +135,26 @@ class Request:
         self.prompt_token_ids = spec.prompt_token_ids
         self.root_hash = hash((stable_int(spec.lora), stable_int(spec.cache_salt)))
         self.error = ""
-        self.prev_blocks: list = []
+        # Block table when last freed (a preempted request's own prefix hits): ids, the
+        # free-queue position of index 0 in the freed run (index i at prev_pos - i) and how
+        # many were cached.
+        self.prev_blocks: list[int] = []
+        self.prev_pos = 0
+        self.prev_cached = 0
         self._n_shared = -1
         # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
         self.d_mark = -1
         self.d_computed = 0
         self.run_seq = 0  # position in the scheduler's running order (admission counter)
+
+    @property
+    def blocks(self) -> list:
+        """The block table as ``KVCacheBlock`` views (tests, tools; the engine uses
+        ``block_ids``)."""
+        if self.kv_pool is None:
+            return []
+        views = self.kv_pool.blocks
+        return [views[b] for b in self.block_ids]
 
     # -- prefix-cache content ------------------------------------------------------------------
     def num_shared_blocks(self, block_size: int) -> int:
@@ -151,33 +169,31 @@ class Request:
         return n
 
     def ensure_block_hashes(self, num_full_blocks: int, block_size: int) -> list[int]:
-        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks.
+        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks of
+        shareable content (at most ``num_shared_blocks``; content unique to the request is
+        never hashed: only the request itself can hit it, see ``kv_cache``).
 
-        Shareable blocks chain ``hash((parent_hash, content))`` from a root that folds in the
-        LoRA id and cache salt (vLLM's extra keys). Blocks of content unique to this request
-        get distinct negative ids ``~(index << 32 | i)`` (no other request can match them).
-        """
+        Hashes chain ``hash((parent_hash, content))`` from a root that folds in the LoRA id and
+        cache salt (vLLM's extra keys)."""
         hashes = self.block_hashes
         i = len(hashes)
-        if i >= num_full_blocks:
+        n = self.num_shared_blocks(block_size)
+        if num_full_blocks < n:
+            n = num_full_blocks
+        if i >= n:
             return hashes
-        n_shared = self.num_shared_blocks(block_size)
-        if i < n_shared:
-            parent = hashes[-1] if hashes else self.root_hash
-            ids = self.prefix_block_ids
-            n_ids = len(ids)
-            toks = self.prompt_token_ids
-            while i < num_full_blocks and i < n_shared:
-                if i < n_ids:
-                    key = ids[i]
-                else:
-                    key = tuple(toks[i * block_size:(i + 1) * block_size])
-                parent = hash((parent, key))
-                hashes.append(parent)
-                i += 1
-        if i < num_full_blocks:
-            base = self.index << 32
-            hashes.extend([~(base | j) for j in range(i, num_full_blocks)])
+        parent = hashes[-1] if hashes else self.root_hash
+        ids = self.prefix_block_ids
+        n_ids = len(ids)
+        toks = self.prompt_token_ids
+        while i < n:
+            if i < n_ids:
+                key = ids[i]
+            else:
+                key = tuple(toks[i * block_size:(i + 1) * block_size])
+            parent = hash((parent, key))
+            hashes.append(parent)
+            i += 1
         return hashes
 
     @property

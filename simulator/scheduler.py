@@ -40,6 +40,7 @@ import heapq
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 from servesim.costmodels.batch import BatchShape
 from servesim.simulator.kv_cache import KVCacheManager
@@ -180,6 +181,8 @@ class Scheduler:
         self._group: dict[Request, None] = {}
         self._partials: list[Request] = []  # running requests not in the group, in order
         self._alloc_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
+        # Members whose decode fills blocks of shareable content (a session's prefix ids run
+        # on into its output): cached eagerly, by step mod block_size.
         self._cache_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
         self._finish_at: dict[int, list[Request]] = {}
         self._ctx_sum = 0  # Σ (num_computed + 1) over members at step _k
@@ -220,7 +223,8 @@ class Scheduler:
         req.d_computed = c0
         self._group[req] = None
         self._alloc_buckets[(k - c0) % bs].add(req)
-        self._cache_buckets[(k - c0 - 1) % bs].add(req)
+        if req.num_shared_blocks(bs) > c0 // bs:
+            self._cache_buckets[(k - c0 - 1) % bs].add(req)
         target, _ = self._target_outputs(req)
         fin = k + target - req.num_output_tokens - 1
         lst = self._finish_at.get(fin)
@@ -229,17 +233,24 @@ class Scheduler:
         else:
             lst.append(req)
         self._ctx_sum += c0 + 1
-        heapq.heappush(self._ctx_heap, (k - c0, req.index, k, req))
+        heap = self._ctx_heap
+        heapq.heappush(heap, (k - c0, req.index, k, req))
+        if len(heap) > 2 * len(self._group) + 64:  # drop entries of members that left
+            self._ctx_heap = [e for e in heap if e[3].d_mark == e[2]]
+            heapq.heapify(self._ctx_heap)
 
     def _sync(self, req: Request) -> None:
         """Materialise a member's counters and take it out of the group."""
         j = self._k - req.d_mark
+        bs = self.block_size
         if j:
             req.num_computed_tokens += j
             req.num_tokens += j
             req.num_output_tokens += j
             req.last_token_time = self._last_fast_end
-        bs = self.block_size
+            # Each of those steps cached the blocks its token filled (eager caching at
+            # allocation); decode blocks hold request-unique content, so the count is all.
+            req.num_cached_blocks = req.num_computed_tokens // bs
         self._alloc_buckets[(req.d_mark - req.d_computed) % bs].discard(req)
         self._cache_buckets[(req.d_mark - req.d_computed - 1) % bs].discard(req)
         self._ctx_sum -= req.num_computed_tokens + 1
@@ -287,7 +298,7 @@ class Scheduler:
         need = req.num_computed_tokens + n
         if need > self.max_model_len:
             need = self.max_model_len
-        return -(-need // self.block_size) - len(req.blocks)
+        return -(-need // self.block_size) - len(req.block_ids)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -345,7 +356,6 @@ class Scheduler:
         # Commit: new blocks are handed out in running order, as the exact loop does (block
         # ids decide where a later free puts which cached block in the LRU queue).
         kv = self.kv
-        pool = kv.block_pool
         if bucket:
             members = sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket)
             if plan_blocks:  # members and partial rows interleave in running order
@@ -353,22 +363,23 @@ class Scheduler:
                 for r in sorted(members + [r for r, _ in plan], key=_by_run_seq):
                     n = plan_at.get(r)
                     if n is None:
-                        r.blocks.append(pool.get_new_blocks(1)[0])
+                        kv.append_decode_blocks((r,))
                     else:
                         kv.allocate_slots(r, n)
             else:
-                for r, blk in zip(members, pool.get_new_blocks(len(members))):
-                    r.blocks.append(blk)
+                kv.append_decode_blocks(members)
+        # Members' newly full blocks of request-unique content are cached implicitly (their
+        # num_cached_blocks is brought up to date when they leave the group, ``_sync``);
+        # shareable ones (sessions) are indexed now, as at any allocation.
         cache = self._cache_buckets[k % self.block_size]
         if cache and kv.enable_caching:
             bs = self.block_size
-            for r in cache:
+            for r in list(cache):
                 num_full = (r.d_computed + k - r.d_mark + 1) // bs
                 if num_full > r.num_cached_blocks:
-                    hashes = r.ensure_block_hashes(num_full, bs)
-                    pool.cache_full_blocks(r.blocks, hashes, r.num_cached_blocks, num_full,
-                                           r.num_shared_blocks(bs))
-                    r.num_cached_blocks = num_full
+                    kv.cache_blocks(r, num_full)
+                if num_full >= r.num_shared_blocks(bs):
+                    cache.discard(r)
         out.num_group = n_group
         total = n_group
         allocated = bool(bucket) and plan_blocks
@@ -667,8 +678,7 @@ def _by_index(r: Request) -> int:
     return r.index
 
 
-def _by_run_seq(r: Request) -> int:
-    return r.run_seq
+_by_run_seq = attrgetter("run_seq")
 
 
 def _priority_key(r: Request) -> tuple:
