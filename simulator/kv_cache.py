@@ -394,6 +394,7 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         self.sliding_window: int | None = None
         self.admission_cap: int | None = None
+        self.index_all = False  # every block hashed and indexed (sliding window)
 
     def set_sliding_window(self, window: int, max_num_batched_tokens: int) -> None:
         """Every layer attends over the last ``window`` tokens (Mistral-7B v0.1): vLLM's
@@ -401,6 +402,7 @@ class KVCacheManager:
         max_admission_blocks_per_request`` = ceil(min(window − 1 + max_num_batched_tokens,
         max_model_len) / block_size) + 1 blocks."""
         self.sliding_window = window
+        self.index_all = True
         tokens = min(window - 1 + max_num_batched_tokens, self.max_model_len)
         self.admission_cap = -(-tokens // self.block_size) + 1
 
@@ -416,16 +418,13 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     # -- prefix hits -----------------------------------------------------------------------------
-    def _own_hit(self, request: Request, i: int) -> int:
-        """Block ``i`` of a preempted request's previous table if it still holds the request's
-        own (unique) cached content, else -1."""
-        prev = request.prev_blocks
-        if i >= len(prev) or i >= request.prev_cached:
-            return -1
-        b = prev[i]
-        if b == NULL or not self.block_pool.survives(request.prev_pos - i):
-            return -1
-        return b
+    def _shared(self, request: Request) -> int:
+        """Leading blocks of ``request`` kept in the hash index: those of shareable content;
+        every block under a sliding window (a request's blocks freed as they leave the window
+        stay cached, and the request itself may hit them after a preemption)."""
+        if self.index_all:
+            return 1 << 62
+        return request.num_shared_blocks(self.block_size)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Longest prefix hit in full blocks, capped at ``num_tokens - 1`` tokens."""
@@ -463,15 +462,6 @@ class KVCacheManager:
         self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
         return computed, num_hit
 
-    def _cached_block(self, request: Request, i: int, hashes: list[int],
-                      n_shared: int) -> int:
-        """Block ``i`` of ``request`` if its content is cached (else -1): the hash index for
-        shareable blocks, the request's own previous block table for content unique to it."""
-        if i < n_shared:
-            b = self.block_pool.cached_block_id(hashes[i])
-            return -1 if b is None else b
-        return self._own_hit(request, i)
-
     def _sliding_window_hit(self, request: Request) -> tuple[list[int], int]:
         """``SlidingWindowManager.find_longest_cache_hit``: scanning from the right, the first
         run of ceil((window − 1) / block_size) contiguous cached blocks ends the hit (the
@@ -479,14 +469,14 @@ class KVCacheManager:
         cached blocks at the very start (if any) is the hit."""
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
-        n_shared = request.num_shared_blocks(bs)
-        hashes = request.ensure_block_hashes(max_blocks, bs)
+        hashes = request.ensure_block_hashes(max_blocks, bs, unique=True)
         need = -(-(self.sliding_window - 1) // bs)
         run: list[int] = []
         computed: list[int] | None = None
+        cached_block_id = self.block_pool.cached_block_id
         for i in range(max_blocks - 1, -1, -1):
-            blk = self._cached_block(request, i, hashes, n_shared)
-            if blk < 0:
+            blk = cached_block_id(hashes[i])
+            if blk is None:
                 run = []
                 continue
             run.append(blk)
@@ -502,7 +492,7 @@ class KVCacheManager:
     def _num_evictable(self, request: Request, hits, start: int = 0) -> int:
         """Hit blocks ``hits[start:]`` that sit in the free queue (reviving takes them out):
         indexed ones that are free, and every own (request-unique) hit."""
-        n_shared = request.num_shared_blocks(self.block_size)
+        n_shared = self._shared(request)
         pos = self.block_pool._pos
         n = 0
         for i in range(start, len(hits)):
@@ -514,7 +504,7 @@ class KVCacheManager:
     def _touch(self, request: Request, hits, start: int = 0) -> None:
         """vLLM ``touch`` on ``hits[start:]`` (table indices ``start``...)."""
         pool = self.block_pool
-        n_shared = request.num_shared_blocks(self.block_size)
+        n_shared = self._shared(request)
         pos0 = request.prev_pos
         for i in range(start, len(hits)):
             b = hits[i]
@@ -532,11 +522,11 @@ class KVCacheManager:
         request may hit them this very step); request-unique ones are cached implicitly by
         ``num_cached_blocks``."""
         bs = self.block_size
-        n_shared = request.num_shared_blocks(bs)
+        n_shared = self._shared(request)
         start = request.num_cached_blocks
         end = num_full if num_full < n_shared else n_shared
         if start < end:
-            hashes = request.ensure_block_hashes(end, bs)
+            hashes = request.ensure_block_hashes(end, bs, unique=self.index_all)
             table = request.block_ids
             pool = self.block_pool
             for i in range(start, end):
@@ -587,8 +577,7 @@ class KVCacheManager:
         while lo > 0 and blocks[lo - 1] != NULL:
             lo -= 1
         if lo < skip:
-            pool.free_table(blocks, lo, skip, request.num_cached_blocks,
-                            request.num_shared_blocks(bs))
+            pool.free_table(blocks, lo, skip, request.num_cached_blocks, self._shared(request))
             blocks[lo:skip] = [NULL] * (skip - lo)
         if self._sw_blocks_to_allocate(request, need_slot, hits, local,
                                        False) > pool.get_num_free_blocks():
@@ -669,7 +658,7 @@ class KVCacheManager:
                 num_full = request.num_tokens
             num_full //= bs
             if num_full > request.num_cached_blocks:
-                if request.num_cached_blocks < request.num_shared_blocks(bs):
+                if request.num_cached_blocks < self._shared(request):
                     self.cache_blocks(request, num_full)
                 else:
                     request.num_cached_blocks = num_full
@@ -686,8 +675,7 @@ class KVCacheManager:
         blocks = request.block_ids
         if blocks:
             request.prev_pos = self.block_pool.free_table(
-                blocks, 0, len(blocks), request.num_cached_blocks,
-                request.num_shared_blocks(self.block_size))
+                blocks, 0, len(blocks), request.num_cached_blocks, self._shared(request))
             request.prev_cached = request.num_cached_blocks if self.enable_caching else 0
         else:
             request.prev_cached = 0

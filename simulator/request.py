@@ -168,19 +168,24 @@ class Request:
             self._n_shared = n
         return n
 
-    def ensure_block_hashes(self, num_full_blocks: int, block_size: int) -> list[int]:
+    def ensure_block_hashes(self, num_full_blocks: int, block_size: int,
+                            unique: bool = False) -> list[int]:
         """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks of
-        shareable content (at most ``num_shared_blocks``; content unique to the request is
-        never hashed: only the request itself can hit it, see ``kv_cache``).
+        shareable content (at most ``num_shared_blocks``: content unique to the request is
+        not hashed, only the request itself can hit it, see ``kv_cache``), or all of them with
+        ``unique`` (sliding window).
 
-        Hashes chain ``hash((parent_hash, content))`` from a root that folds in the LoRA id and
-        cache salt (vLLM's extra keys)."""
+        Shareable blocks chain ``hash((parent_hash, content))`` from a root that folds in the
+        LoRA id and cache salt (vLLM's extra keys). Blocks of content unique to this request
+        get distinct negative ids ``~(index << 32 | i)`` (no other request can match them)."""
         hashes = self.block_hashes
         i = len(hashes)
-        n = self.num_shared_blocks(block_size)
-        if num_full_blocks < n:
-            n = num_full_blocks
+        n_shared = self.num_shared_blocks(block_size)
+        n = n_shared if n_shared < num_full_blocks else num_full_blocks
         if i >= n:
+            if unique and i < num_full_blocks:
+                base = self.index << 32
+                hashes.extend([~(base | j) for j in range(i, num_full_blocks)])
             return hashes
         parent = hashes[-1] if hashes else self.root_hash
         ids = self.prefix_block_ids
@@ -194,6 +199,9 @@ class Request:
             parent = hash((parent, key))
             hashes.append(parent)
             i += 1
+        if unique and i < num_full_blocks:
+            base = self.index << 32
+            hashes.extend([~(base | j) for j in range(i, num_full_blocks)])
         return hashes
 
     @property
