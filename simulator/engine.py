@@ -163,15 +163,24 @@ class Replica:
         rec, limit = self.rec, self.rec.chunk_rows
 
         def record(out, now: float, dt: float) -> None:
+            """``out``: the step's SchedulerOutput, or its row count for a quiet step (decode
+            group only)."""
             if len(c_time) >= limit and rec.steps is not None:
                 rec.flush()
             parked = rec.parked
-            shape = out.shape
             self.num_steps += 1
             c_time.append(now)
             c_dt.append(dt)
-            c_tok.append(out.total_num_scheduled_tokens)
-            c_run.append(sched.num_running)
+            if type(out) is int:
+                c_tok.append(out)
+                nd = out
+                pt = 0
+            else:
+                c_tok.append(out.total_num_scheduled_tokens)
+                shape = out.shape
+                nd = shape.num_decode
+                pt = shape.num_tokens - nd
+            c_run.append(len(sched.running))
             if parked:  # waiting = the engine's queue + the client's compact tail
                 c_wait.append(sched.num_waiting + len(parked))
                 rec.refill()
@@ -181,14 +190,23 @@ class Replica:
             c_pre.append(sched.num_preemptions)
             c_q.append(stats.queries)
             c_h.append(stats.hits)
-            c_nd.append(shape.num_decode)
-            c_pt.append(shape.num_tokens - shape.num_decode)
+            c_nd.append(nd)
+            c_pt.append(pt)
 
         return record
 
     def _trace(self, out) -> None:
         self.trace.append((out.scheduled_at, out.as_dict(),
                            [r.request_id for r in out.preempted]))
+
+    def _trace_quiet(self, now: float) -> None:
+        self.trace.append((now, {r.request_id: 1 for r in self.scheduler._group}, []))
+
+    def _quiet_shape(self):
+        """A decode-only BatchShape reused for quiet steps (the cost model only reads it)."""
+        from servesim.costmodels.batch import BatchShape
+
+        return BatchShape()
 
     def _run(self):
         """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update."""
@@ -204,10 +222,38 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
+        quiet = getattr(sched, "quiet_steps", None)
+        shape = self._quiet_shape()
         while True:
             if not sched.has_requests():
                 yield from self._idle()
                 continue
+            if quiet is not None and quiet():
+                # Quiet steps back to back (decode group only, nothing can change before the
+                # next finish or block shortage), each exactly as the loop below runs it, as
+                # long as no other event is due first.
+                peek = env.peek()
+                m = m0 = quiet()
+                while m > 0 and sched.quiet_blocks_ok():
+                    now = env.now
+                    shape.num_decode, shape.decode_context_sum, shape.decode_context_max = \
+                        sched.quiet_shape()
+                    shape.num_sampled = shape.num_decode
+                    dt = step_seconds(shape)
+                    end = now + dt
+                    if end >= peek:
+                        break
+                    if self.trace is not None:
+                        self._trace_quiet(now)
+                    n = sched.quiet_step(end, dt, itl_w)
+                    env._now = end
+                    self.busy_seconds += dt
+                    record(n, end, dt)
+                    m -= 1
+                    if m and not quiet():
+                        break
+                if m != m0:
+                    continue
             out = sched.schedule()
             if out.total_num_scheduled_tokens == 0:
                 if out.preempted:  # blocks were freed: vLLM's next step() schedules again
@@ -220,7 +266,11 @@ class Replica:
             if self.trace is not None:
                 self._trace(out)
             dt = step_seconds(out.shape)
-            yield env.timeout(dt)
+            end = env.now + dt
+            if end < env.peek():  # no other event first: advance the clock here
+                env._now = end
+            else:
+                yield env.timeout(dt)
             now = env.now
             self.busy_seconds += dt
             finished = sched.update_from_output(out, now, dt, itl_e, itl_w)
@@ -245,9 +295,43 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
+        quiet = getattr(sched, "quiet_steps", None)
+        shape = self._quiet_shape()
         inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
         last_end = 0.0  # end of the batch scheduled last
         while True:
+            if (len(inflight) == 1 and quiet is not None and not inflight[0][3]
+                    and quiet()):
+                # Quiet steps back to back: schedule the next batch (decode group only, as
+                # schedule() + update_from_output(defer=True) would), then return the batch
+                # in flight, exactly as the loop below, as long as no other event is due
+                # before it returns and nothing can change (next finish, block shortage).
+                peek = env.peek()
+                m = m0 = quiet()
+                while m > 0 and sched.quiet_blocks_ok():
+                    old = inflight[0]
+                    if old[1] >= peek:
+                        break
+                    now = env.now
+                    shape.num_decode, shape.decode_context_sum, shape.decode_context_max = \
+                        sched.quiet_shape()
+                    shape.num_sampled = shape.num_decode
+                    dt = step_seconds(shape)
+                    end = last_end + dt
+                    if self.trace is not None:
+                        self._trace_quiet(now)
+                    n = sched.quiet_step(end, end - last_end, itl_w)
+                    last_end = end
+                    self.busy_seconds += dt
+                    inflight.append((n, end, dt, ()))
+                    inflight.popleft()
+                    env._now = old[1]
+                    record(old[0], old[1], old[2])
+                    m -= 1
+                    if m and not quiet():
+                        break
+                if m != m0 and len(inflight) == 1:
+                    continue
             if len(inflight) < 2 and sched.has_requests():
                 out = sched.schedule()
                 if out.total_num_scheduled_tokens:
@@ -271,7 +355,10 @@ class Replica:
                 continue
             out, end, dt, pending = inflight.popleft()
             if end > env.now:
-                yield env.timeout(end - env.now)
+                if end < env.peek():  # no other event first: advance the clock here
+                    env._now = end
+                else:
+                    yield env.timeout(end - env.now)
             now = env.now
             if pending:
                 sched.finish_pending(pending, now)
@@ -316,7 +403,10 @@ class Replica:
                 continue
             out, start, done = inflight.popleft()
             if done > env.now:
-                yield env.timeout(done - env.now)
+                if done < env.peek():  # no other event first: advance the clock here
+                    env._now = done
+                else:
+                    yield env.timeout(done - env.now)
             now = env.now
             finished = sched.update_from_output(out, now, now - start, itl_e, itl_w)
             record(out, now, now - start)

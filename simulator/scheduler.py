@@ -185,6 +185,7 @@ class Scheduler:
         # on into its output): cached eagerly, by step mod block_size.
         self._cache_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
         self._finish_at: dict[int, list[Request]] = {}
+        self._finish_keys: list[int] = []  # heap of _finish_at's keys (quiet steps)
         self._ctx_sum = 0  # Σ (num_computed + 1) over members at step _k
         self._ctx_heap: list[tuple[int, int, int, Request]] = []
         self._last_fast_end = float("nan")
@@ -230,6 +231,7 @@ class Scheduler:
         lst = self._finish_at.get(fin)
         if lst is None:
             self._finish_at[fin] = [req]
+            heapq.heappush(self._finish_keys, fin)
         else:
             lst.append(req)
         self._ctx_sum += c0 + 1
@@ -262,6 +264,7 @@ class Scheduler:
         for req in list(self._group):
             self._sync(req)
         self._finish_at.clear()
+        self._finish_keys.clear()
         self._ctx_heap.clear()
         self._ctx_sum = 0
         self._partials = [r for r in self.running if r.d_mark < 0]
@@ -274,6 +277,67 @@ class Scheduler:
                 return self._k - neg_off + 1
             heapq.heappop(heap)
         return 0
+
+    # ------------------------------------------------------------------------------------------
+    # Quiet steps (the engine advances several in one event)
+    def quiet_steps(self) -> int:
+        """How many of the next steps are *quiet*: ``schedule()`` would take the fast path
+        with the decode group alone (no partial row, nothing to admit: the waiting queue is
+        empty or the running seats are full, so vLLM's waiting loop stops before looking at
+        it) and ``update_from_output`` would finish nobody (the finish calendar). 0 when the
+        next step is not. Free blocks for members crossing a block boundary are checked step
+        by step (:meth:`quiet_blocks_ok`). Such a step changes nothing but the group's
+        counters, so the engine may run them back to back (``Replica``)."""
+        if not self._group or self._partials:
+            return 0
+        if len(self.waiting) and len(self.running) < self.max_num_running_reqs:
+            return 0
+        if len(self._group) > self.max_num_scheduled_tokens:
+            return 0
+        heap, cal, k = self._finish_keys, self._finish_at, self._k
+        while heap and (heap[0] < k or heap[0] not in cal):
+            heapq.heappop(heap)
+        return heap[0] - k if heap else 1 << 62
+
+    def quiet_blocks_ok(self) -> bool:
+        """Whether the free blocks cover this quiet step's block-boundary members."""
+        return len(self._alloc_buckets[self._k % self.block_size]) <= \
+            self.kv.get_num_free_blocks()
+
+    def quiet_shape(self) -> tuple[int, int, int]:
+        """(num_decode, decode_context_sum, decode_context_max) of this quiet step's batch."""
+        return len(self._group), self._ctx_sum, self._group_ctx_max()
+
+    def quiet_step(self, end: float, itl_dt: float, itl_weighted: list) -> int:
+        """Apply one quiet step, as ``schedule()`` + ``update_from_output`` would: members at a
+        block boundary get their block (running order), shareable full blocks are indexed,
+        the group's counters advance; the step ends at ``end``, ``itl_dt`` after the previous
+        output. Returns the number of tokens (rows) scheduled."""
+        k = self._k
+        bs = self.block_size
+        bucket = self._alloc_buckets[k % bs]
+        if bucket:
+            self.kv.append_decode_blocks(
+                sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket))
+        cache = self._cache_buckets[k % bs]
+        if cache and self.kv.enable_caching:
+            self._cache_members(cache, k)
+        n = len(self._group)
+        self._k = k + 1
+        self._ctx_sum += n
+        self._last_fast_end = end
+        itl_weighted.append((itl_dt, n))
+        return n
+
+    def _cache_members(self, cache: set[Request], k: int) -> None:
+        bs = self.block_size
+        kv = self.kv
+        for r in list(cache):
+            num_full = (r.d_computed + k - r.d_mark + 1) // bs
+            if num_full > r.num_cached_blocks:
+                kv.cache_blocks(r, num_full)
+            if num_full >= r.num_shared_blocks(bs):
+                cache.discard(r)
 
     # ------------------------------------------------------------------------------------------
     def _clamp(self, req: Request, budget: int) -> int:
@@ -373,13 +437,7 @@ class Scheduler:
         # shareable ones (sessions) are indexed now, as at any allocation.
         cache = self._cache_buckets[k % self.block_size]
         if cache and kv.enable_caching:
-            bs = self.block_size
-            for r in list(cache):
-                num_full = (r.d_computed + k - r.d_mark + 1) // bs
-                if num_full > r.num_cached_blocks:
-                    kv.cache_blocks(r, num_full)
-                if num_full >= r.num_shared_blocks(bs):
-                    cache.discard(r)
+            self._cache_members(cache, k)
         out.num_group = n_group
         total = n_group
         allocated = bool(bucket) and plan_blocks
