@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 import warnings
 from collections.abc import Callable
@@ -26,6 +28,8 @@ MAX_STEP_ROWS = 200_000
 # A single FCFS engine keeps PARK_AFTER_SEQS × max_num_seqs (+64) requests in its waiting
 # queue; later arrivals wait in the client's compact Parked queue (bounded memory).
 PARK_AFTER_SEQS = 2
+# Young-generation threshold of the cyclic GC while simulating (CPython's default is 700).
+GC_THRESHOLD = 50_000
 
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
@@ -115,7 +119,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                         max_concurrency=cfg.workload.max_concurrency, on_progress=cb,
                         park_after=_park_after(cfg))
         client_box.append(client)
-        env.run()
+        with _quiet_gc():
+            env.run()
         client.finalize()
     wall = time.perf_counter() - t0
 
@@ -152,6 +157,22 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      itl_counts=itl_counts, steps=steps, counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
                      request_log=log if log.spilled else None, itl_stream=itl_stream)
+
+
+@contextlib.contextmanager
+def _quiet_gc():
+    """The event loop allocates mostly acyclic, short-lived objects (freed by reference
+    counting): move what exists now out of the collector's way (``gc.freeze``) and collect
+    young objects less often, restoring both afterwards. Measured: ~25% of a saturated run
+    was spent in the cyclic collector traversing long-lived setup objects."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(old[0], GC_THRESHOLD), old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 def _park_after(cfg: ExperimentConfig) -> int | None:

@@ -423,13 +423,19 @@ class Scheduler:
         if bucket:
             members = sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket)
             if plan_blocks:  # members and partial rows interleave in running order
-                plan_at = {r: n for r, n in plan}
-                for r in sorted(members + [r for r, _ in plan], key=_by_run_seq):
-                    n = plan_at.get(r)
-                    if n is None:
-                        kv.append_decode_blocks((r,))
-                    else:
-                        kv.allocate_slots(r, n)
+                i = 0
+                nm = len(members)
+                for r, n in plan:  # (plan rows are in running order)
+                    seq = r.run_seq
+                    j = i
+                    while j < nm and members[j].run_seq < seq:
+                        j += 1
+                    if j > i:
+                        kv.append_decode_blocks(members[i:j])
+                        i = j
+                    kv.allocate_slots(r, n)
+                if i < nm:
+                    kv.append_decode_blocks(members[i:] if i else members)
             else:
                 kv.append_decode_blocks(members)
         # Members' newly full blocks of request-unique content are cached implicitly (their
