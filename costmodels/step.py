@@ -342,6 +342,8 @@ class StepCostModel:
         self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
         self._dense_cache: dict[int, float] = {}
         self._head_cache: dict[int, float] = {}
+        self._decode_step_cache: dict[tuple[int, int], float] = {}
+        self._decode_shape = BatchShape()
 
     # -- structure helpers --------------------------------------------------------------------
 
@@ -647,6 +649,23 @@ class StepCostModel:
         if mode and 0 < T <= self._max_graph:
             return mode, self._pad[T]
         return NONE, T
+
+    def decode_step_seconds(self, nd: int, ctx_sum: int) -> float:
+        """:meth:`step_seconds` of a decode-only batch of ``nd`` rows reading ``ctx_sum``
+        context tokens in all (every row samples). With measured decode attention and no
+        sliding window the time depends on ``ctx_sum`` only through the table's 16-token
+        bucket of the mean context, so it is cached per (rows, bucket): the same float."""
+        if self._cal_dec and not self.window:
+            key = (nd, (ctx_sum // nd + 8) >> 4)
+            got = self._decode_step_cache.get(key)
+            if got is None:
+                got = self._decode_step_cache[key] = self.step_seconds(
+                    BatchShape(nd, ctx_sum, 0, (), (), nd))
+            return got
+        shape = self._decode_shape
+        shape.num_decode = shape.num_sampled = nd
+        shape.decode_context_sum = ctx_sum
+        return self.step_seconds(shape)
 
     def step_seconds(self, batch: BatchShape) -> float:
         """Seconds of one engine step (O(1) in the number of running requests)."""

@@ -114,7 +114,8 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
                  recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0,
-                 max_concurrent_batches: int = 1, async_scheduling: bool = False):
+                 max_concurrent_batches: int = 1, async_scheduling: bool = False,
+                 decode_seconds: Callable[[int, int], float] | None = None):
         self.env = env
         # vLLM executors: max_concurrent_batches = pp, or 2 with async scheduling and pp == 1.
         self.max_concurrent_batches = max_concurrent_batches
@@ -125,6 +126,9 @@ class Replica:
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.step_seconds = step_seconds
+        # Seconds of a decode-only step of (rows, context tokens): the cost model's fast
+        # path for quiet steps (``StepCostModel.decode_step_seconds``), else step_seconds.
+        self._decode_seconds = decode_seconds
         self.rec = recorder
         self.on_finish = on_finish
         self.replica_id = replica_id
@@ -202,11 +206,25 @@ class Replica:
     def _trace_quiet(self, now: float) -> None:
         self.trace.append((now, {r.request_id: 1 for r in self.scheduler._group}, []))
 
-    def _quiet_shape(self):
-        """A decode-only BatchShape reused for quiet steps (the cost model only reads it)."""
+    def _quiet_seconds(self) -> Callable[[], float]:
+        """Seconds of the scheduler's next quiet step (decode group only)."""
+        sched = self.scheduler
+        if self._decode_seconds is not None:
+            decode_seconds = self._decode_seconds
+
+            def seconds() -> float:
+                return decode_seconds(len(sched._group), sched._ctx_sum)
+            return seconds
         from servesim.costmodels.batch import BatchShape
 
-        return BatchShape()
+        shape = BatchShape()  # reused: the cost model only reads it
+        step_seconds = self.step_seconds
+
+        def seconds() -> float:
+            nd, shape.decode_context_sum, shape.decode_context_max = sched.quiet_shape()
+            shape.num_decode = shape.num_sampled = nd
+            return step_seconds(shape)
+        return seconds
 
     def _run(self):
         """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update."""
@@ -223,7 +241,7 @@ class Replica:
         on_finish = self.on_finish
         record = self._recorder()
         quiet = getattr(sched, "quiet_steps", None)
-        shape = self._quiet_shape()
+        quiet_seconds = self._quiet_seconds() if quiet is not None else None
         while True:
             if not sched.has_requests():
                 yield from self._idle()
@@ -236,10 +254,7 @@ class Replica:
                 m = m0 = quiet()
                 while m > 0 and sched.quiet_blocks_ok():
                     now = env.now
-                    shape.num_decode, shape.decode_context_sum, shape.decode_context_max = \
-                        sched.quiet_shape()
-                    shape.num_sampled = shape.num_decode
-                    dt = step_seconds(shape)
+                    dt = quiet_seconds()
                     end = now + dt
                     if end >= peek:
                         break
@@ -296,7 +311,7 @@ class Replica:
         on_finish = self.on_finish
         record = self._recorder()
         quiet = getattr(sched, "quiet_steps", None)
-        shape = self._quiet_shape()
+        quiet_seconds = self._quiet_seconds() if quiet is not None else None
         inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
         last_end = 0.0  # end of the batch scheduled last
         while True:
@@ -313,10 +328,7 @@ class Replica:
                     if old[1] >= peek:
                         break
                     now = env.now
-                    shape.num_decode, shape.decode_context_sum, shape.decode_context_max = \
-                        sched.quiet_shape()
-                    shape.num_sampled = shape.num_decode
-                    dt = step_seconds(shape)
+                    dt = quiet_seconds()
                     end = last_end + dt
                     if self.trace is not None:
                         self._trace_quiet(now)

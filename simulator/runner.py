@@ -103,7 +103,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
         replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
-                                max_concurrent_batches=batches, async_scheduling=async_sched))
+                                max_concurrent_batches=batches, async_scheduling=async_sched,
+                                decode_seconds=cost.decode_step_seconds))
 
     total = workload.meta.get("num_prompts")
     with phase("simulating", total) as tick:
