@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -270,6 +269,8 @@ def _traffic(result: RunResult, key: str, default: Any = None) -> Any:
 
 
 def _version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("servesim")
     except metadata.PackageNotFoundError:  # pragma: no cover - source checkout without install

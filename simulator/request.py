@@ -95,6 +95,7 @@ class Request:
         "spec",
         "status",
         "stop_pending",
+        "target",
     )
 
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
@@ -146,6 +147,7 @@ class Request:
         self.d_mark = -1
         self.d_computed = 0
         self.run_seq = 0  # position in the scheduler's running order (admission counter)
+        self.target = None  # (outputs at which it stops, how): the scheduler's, cached
 
     @property
     def blocks(self) -> list:

@@ -46,9 +46,7 @@ def run(
 
     The run folder is checked (writable, new or empty) before simulating and appears complete
     or not at all; Ctrl-C leaves it as it was."""
-    from rich.console import Console
-    from servesim.reports import print_summary, write_run
-    from servesim.reports.writers import OutputDir, write_result
+    from servesim.reports.writers import OutputDir, write_result, write_run
     from servesim.simulator.errors import Interrupted, in_file
     from servesim.simulator.runner import run_experiment
 
@@ -75,6 +73,9 @@ def run(
         if result is not None:
             result.close()
     if not quiet:
+        from rich.console import Console
+        from servesim.reports.console import print_summary
+
         console = Console()
         print_summary(bench, console)
         console.print(f"Wrote {outdir}/result.json, requests.csv, timeseries.csv, "

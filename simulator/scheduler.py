@@ -210,10 +210,15 @@ class Scheduler:
     # Decode group bookkeeping
     def _target_outputs(self, req: Request) -> tuple[int, RequestStatus]:
         """Outputs after which ``req`` stops, and how (EOS is checked before length)."""
-        cap = min(req.max_tokens, self.max_model_len - req.prompt_len)
-        if req.eos_after is not None and req.eos_after <= cap:
-            return req.eos_after, RequestStatus.FINISHED_STOPPED
-        return cap, RequestStatus.FINISHED_LENGTH_CAPPED
+        t = req.target
+        if t is None:
+            cap = min(req.max_tokens, self.max_model_len - req.prompt_len)
+            if req.eos_after is not None and req.eos_after <= cap:
+                t = req.eos_after, RequestStatus.FINISHED_STOPPED
+            else:
+                t = cap, RequestStatus.FINISHED_LENGTH_CAPPED
+            req.target = t
+        return t
 
     def _join(self, req: Request) -> None:
         """Add a running request that is exactly one token behind to the decode group."""
@@ -388,34 +393,36 @@ class Scheduler:
         # Budget: members must not be starved. Sufficient: everything fits, or all partial rows
         # come after every member in ``running`` (then members are served first).
         plan: list[tuple[Request, int]] = []
+        plan_blocks = 0
         if partials:
-            demand = n_group
-            for r in partials:
-                demand += self._clamp(r, 1 << 62)
-            if demand > budget:
-                first = self.running.index(partials[0])
-                if len(self.running) - first != len(partials) or n_group > budget:
+            clamp = self._clamp
+            wants = [clamp(r, 1 << 62) for r in partials]
+            if n_group + sum(wants) > budget:
+                running = self.running
+                # (partials are in running order: they are its tail iff the first is there)
+                if n_group > budget or running[len(running) - len(partials)] is not partials[0]:
                     return False
             left = budget - n_group
-            for r in partials:
+            bs = self.block_size
+            mml = self.max_model_len
+            for r, n in zip(partials, wants):
                 if left <= 0:
                     break
-                n = self._clamp(r, left)
-                if n > 0:
+                if n > 0:  # (_clamp with the budget left: the same, capped by it)
+                    if n > left:
+                        n = left
                     plan.append((r, n))
                     left -= n
+                    need = r.num_computed_tokens + n
+                    nb = -(-(need if need < mml else mml) // bs) - len(r.block_ids)
+                    if nb > 0:
+                        plan_blocks += nb
         elif n_group > budget:
             return False
         # Blocks: all allocations must succeed without preemption.
         k = self._k
         bucket = self._alloc_buckets[k % self.block_size]
-        need = len(bucket)
-        plan_blocks = 0
-        for r, n in plan:
-            nb = self._blocks_needed(r, n)
-            if nb > 0:
-                plan_blocks += nb
-        if need + plan_blocks > self.kv.get_num_free_blocks():
+        if len(bucket) + plan_blocks > self.kv.get_num_free_blocks():
             return False
         # Commit: new blocks are handed out in running order, as the exact loop does (block
         # ids decide where a later free puts which cached block in the LRU queue).
@@ -446,11 +453,12 @@ class Scheduler:
             self._cache_members(cache, k)
         out.num_group = n_group
         total = n_group
-        allocated = bool(bucket) and plan_blocks
+        allocated = bucket and plan_blocks
+        scheduled = out.scheduled
         for r, n in plan:
             if not allocated:
                 kv.allocate_slots(r, n)
-            out.scheduled.append((r, n, r.num_computed_tokens))
+            scheduled.append((r, n, r.num_computed_tokens))
             total += n
         out.total_num_scheduled_tokens = total
         if self.record_schedules:
