@@ -32,6 +32,7 @@ class Recorder:
 
     REQ = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
            "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+    SINK_ROWS = 4096  # request rows handed to ``sink`` at a time
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
 
@@ -51,6 +52,12 @@ class Recorder:
         self.itl_weighted: list[tuple[float, int]] = []
         self.parked = None  # the client's Parked queue (counted as waiting), if any
         self.refill: Callable[[], None] | None = None  # moves parked requests in
+        # Also hands request rows (raw fields, as they end) and step rows to this callable in
+        # batches, ("rows", {field: values}) and ("steps", {column: values}), e.g.
+        # ``reports.writers.RequestsCsvStream`` (the CSV files written meanwhile).
+        self.sink: Callable[[tuple], None] | None = None
+        self._shipped = 0  # buffered request rows already handed to the sink
+        self._steps_shipped = 0  # buffered step rows already handed to the sink
 
     def record_request(self, r: Request, reason: str) -> None:
         d = self.req
@@ -67,8 +74,30 @@ class Recorder:
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
-        if len(self.request_id) >= self.chunk_rows:
+        n = len(self.request_id)
+        if n >= self.chunk_rows:
             self.flush()
+        elif self.sink is not None and n - self._shipped >= self.SINK_ROWS:
+            self._ship(n)
+
+    def _ship(self, n: int) -> None:
+        import numpy as np
+
+        a = self._shipped
+        rows = {k: np.frombuffer(v, dtype=float)[a:n].copy() for k, v in self.req.items()}
+        rows["request_id"] = self.request_id[a:n]
+        rows["finished_reason"] = self.reason[a:n]
+        rows["error"] = self.error[a:n]
+        self._shipped = n
+        self.sink(("rows", rows))
+
+    def ship_steps(self, n: int) -> None:
+        import numpy as np
+
+        a = self._steps_shipped
+        rows = {k: np.frombuffer(v, dtype=float)[a:n].copy() for k, v in self.step.items()}
+        self._steps_shipped = n
+        self.sink(("steps", rows))
 
     def flush(self) -> None:
         """Hand the buffered rows and samples on; clear the buffers in place (the replicas'
@@ -76,6 +105,9 @@ class Recorder:
         import numpy as np
 
         if self.request_id:
+            if self.sink is not None and self._shipped < len(self.request_id):
+                self._ship(len(self.request_id))
+            self._shipped = 0
             chunk = {k: np.frombuffer(v, dtype=float).copy() for k, v in self.req.items()}
             chunk["request_id"] = np.asarray(self.request_id, dtype=object)
             chunk["finished_reason"] = np.asarray(self.reason, dtype=object)
@@ -102,7 +134,11 @@ class Recorder:
     def flush_steps(self) -> None:
         import numpy as np
 
-        if len(self.step["time_s"]):
+        n = len(self.step["time_s"])
+        if self.sink is not None and self._steps_shipped < n:
+            self.ship_steps(n)
+        self._steps_shipped = 0
+        if n:
             self.steps.add({k: np.frombuffer(v, dtype=float).copy()
                             for k, v in self.step.items()})
             for v in self.step.values():
@@ -165,12 +201,16 @@ class Replica:
         c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
+        sink_rows = rec.SINK_ROWS if rec.sink is not None and rec.steps is not None else 1 << 62
 
         def record(out, now: float, dt: float) -> None:
             """``out``: the step's SchedulerOutput, or its row count for a quiet step (decode
             group only)."""
-            if len(c_time) >= limit and rec.steps is not None:
+            n = len(c_time)
+            if n >= limit and rec.steps is not None:
                 rec.flush()
+            elif n - rec._steps_shipped >= sink_rows:
+                rec.ship_steps(n)
             parked = rec.parked
             self.num_steps += 1
             c_time.append(now)

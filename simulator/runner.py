@@ -34,14 +34,16 @@ GC_THRESHOLD = 50_000
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                    progress: Callable[[int, int | None], None] | None = None,
-                   fast_path: bool = True, spool_dir: str | None = None) -> RunResult:
+                   fast_path: bool = True, spool_dir: str | None = None,
+                   request_sink: Callable[[dict], None] | None = None) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
     ``progress(num_done, num_total)`` is called as requests end (``num_total`` may be None).
     Raises ``ConfigError`` / ``CapacityError`` (one-line, user-facing) before simulating when
     the config cannot run, as vLLM would fail at start-up. Runs of more than
     ``metrics.EXACT_REQUESTS`` requests spill per-request rows to ``spool_dir`` (default: a
-    temporary folder); ``RunResult.close()`` removes them.
+    temporary folder); ``RunResult.close()`` removes them. ``request_sink`` also receives
+    the raw request rows as requests end (``Recorder.sink``; streamed requests.csv).
     """
     from servesim.costmodels import build_cost_model, plan_memory
     from servesim.workloads import build_workload
@@ -84,6 +86,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 
     env = simpy.Environment()
     rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
+    rec.sink = request_sink
     replicas: list[Replica] = []
     client_box: list[Client] = []
 
