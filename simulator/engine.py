@@ -287,9 +287,9 @@ class Replica:
                 yield from self._idle()
                 continue
             if quiet is not None and quiet():
-                # Quiet steps back to back (decode group only, nothing can change before the
-                # next finish or block shortage), each exactly as the loop below runs it, as
-                # long as no other event is due first.
+                # Quiet steps back to back (decode group only; members may finish), each
+                # exactly as the loop below runs it, as long as no other event is due first
+                # and nothing changes the batch (re-checked after every step).
                 peek = env.peek()
                 m = m0 = quiet()
                 while m > 0 and sched.quiet_blocks_ok():
@@ -300,10 +300,14 @@ class Replica:
                         break
                     if self.trace is not None:
                         self._trace_quiet(now)
-                    n = sched.quiet_step(end, dt, itl_w)
+                    n, finished = sched.quiet_step(end, dt, itl_w)
                     env._now = end
                     self.busy_seconds += dt
                     record(n, end, dt)
+                    if finished:
+                        for r in finished:
+                            on_finish(r)
+                        peek = env.peek()
                     m -= 1
                     if m and not quiet():
                         break
@@ -355,12 +359,11 @@ class Replica:
         inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
         last_end = 0.0  # end of the batch scheduled last
         while True:
-            if (len(inflight) == 1 and quiet is not None and not inflight[0][3]
-                    and quiet()):
+            if len(inflight) == 1 and quiet is not None and quiet():
                 # Quiet steps back to back: schedule the next batch (decode group only, as
                 # schedule() + update_from_output(defer=True) would), then return the batch
                 # in flight, exactly as the loop below, as long as no other event is due
-                # before it returns and nothing can change (next finish, block shortage).
+                # before it returns and nothing changes the batch (re-checked every step).
                 peek = env.peek()
                 m = m0 = quiet()
                 while m > 0 and sched.quiet_blocks_ok():
@@ -372,13 +375,19 @@ class Replica:
                     end = last_end + dt
                     if self.trace is not None:
                         self._trace_quiet(now)
-                    n = sched.quiet_step(end, end - last_end, itl_w)
+                    n, pending = sched.quiet_step(end, end - last_end, itl_w, True)
                     last_end = end
                     self.busy_seconds += dt
-                    inflight.append((n, end, dt, ()))
+                    inflight.append((n, end, dt, pending))
                     inflight.popleft()
                     env._now = old[1]
+                    if old[3]:
+                        sched.finish_pending(old[3], old[1])
                     record(old[0], old[1], old[2])
+                    if old[3]:
+                        for r in old[3]:
+                            on_finish(r)
+                        peek = env.peek()
                     m -= 1
                     if m and not quiet():
                         break

@@ -185,7 +185,6 @@ class Scheduler:
         # on into its output): cached eagerly, by step mod block_size.
         self._cache_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
         self._finish_at: dict[int, list[Request]] = {}
-        self._finish_keys: list[int] = []  # heap of _finish_at's keys (quiet steps)
         self._ctx_sum = 0  # Σ (num_computed + 1) over members at step _k
         self._ctx_heap: list[tuple[int, int, int, Request]] = []
         self._last_fast_end = float("nan")
@@ -236,7 +235,6 @@ class Scheduler:
         lst = self._finish_at.get(fin)
         if lst is None:
             self._finish_at[fin] = [req]
-            heapq.heappush(self._finish_keys, fin)
         else:
             lst.append(req)
         self._ctx_sum += c0 + 1
@@ -269,7 +267,6 @@ class Scheduler:
         for req in list(self._group):
             self._sync(req)
         self._finish_at.clear()
-        self._finish_keys.clear()
         self._ctx_heap.clear()
         self._ctx_sum = 0
         self._partials = [r for r in self.running if r.d_mark < 0]
@@ -286,23 +283,25 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # Quiet steps (the engine advances several in one event)
     def quiet_steps(self) -> int:
-        """How many of the next steps are *quiet*: ``schedule()`` would take the fast path
-        with the decode group alone (no partial row, nothing to admit: the waiting queue is
-        empty or the running seats are full, so vLLM's waiting loop stops before looking at
-        it) and ``update_from_output`` would finish nobody (the finish calendar). 0 when the
-        next step is not. Free blocks for members crossing a block boundary are checked step
-        by step (:meth:`quiet_blocks_ok`). Such a step changes nothing but the group's
-        counters, so the engine may run them back to back (``Replica``)."""
-        if not self._group or self._partials:
+        """Whether the next steps are *quiet* (0 when not, else a large count): ``schedule()``
+        would take the fast path with the decode group alone: no partial row (the only
+        partials allowed are requests whose stop is in flight at ``max_tokens``, which vLLM's
+        async scheduler skips), nothing to admit (the waiting queue is empty or the running
+        seats are full, so vLLM's waiting loop stops before looking at it). Free blocks for
+        members crossing a block boundary are checked step by step
+        (:meth:`quiet_blocks_ok`). Such a step changes nothing but the group's counters and,
+        at the calendar's steps, finishes members (:meth:`quiet_step`), so the engine may run
+        them back to back (``Replica``), re-checking after every step."""
+        if not self._group:
             return 0
+        for r in self._partials:
+            if r.stop_pending is None or r.num_output_tokens < r.max_tokens:
+                return 0
         if len(self.waiting) and len(self.running) < self.max_num_running_reqs:
             return 0
         if len(self._group) > self.max_num_scheduled_tokens:
             return 0
-        heap, cal, k = self._finish_keys, self._finish_at, self._k
-        while heap and (heap[0] < k or heap[0] not in cal):
-            heapq.heappop(heap)
-        return heap[0] - k if heap else 1 << 62
+        return 1 << 62
 
     def quiet_blocks_ok(self) -> bool:
         """Whether the free blocks cover this quiet step's block-boundary members."""
@@ -313,11 +312,14 @@ class Scheduler:
         """(num_decode, decode_context_sum, decode_context_max) of this quiet step's batch."""
         return len(self._group), self._ctx_sum, self._group_ctx_max()
 
-    def quiet_step(self, end: float, itl_dt: float, itl_weighted: list) -> int:
-        """Apply one quiet step, as ``schedule()`` + ``update_from_output`` would: members at a
-        block boundary get their block (running order), shareable full blocks are indexed,
-        the group's counters advance; the step ends at ``end``, ``itl_dt`` after the previous
-        output. Returns the number of tokens (rows) scheduled."""
+    def quiet_step(self, end: float, itl_dt: float, itl_weighted: list,
+                   defer: bool = False) -> tuple[int, list[Request]]:
+        """Apply one quiet step, as ``schedule()`` + ``update_from_output(defer=defer)`` would:
+        members at a block boundary get their block (running order), shareable full blocks
+        are indexed, the group's counters advance, members whose last output this is finish
+        (``defer``: their stop is pending, as in ``update_from_output``); the step ends at
+        ``end``, ``itl_dt`` after the previous output. Returns (rows scheduled, the requests
+        that finished)."""
         k = self._k
         bs = self.block_size
         bucket = self._alloc_buckets[k % bs]
@@ -332,7 +334,23 @@ class Scheduler:
         self._ctx_sum += n
         self._last_fast_end = end
         itl_weighted.append((itl_dt, n))
-        return n
+        finished: list[Request] = []
+        cal = self._finish_at.pop(k, None)
+        if cal:
+            for req in cal:
+                if req.d_mark < 0:
+                    continue
+                self._sync(req)
+                _, status = self._target_outputs(req)
+                if defer:  # it stays running, explicitly (partials are in running order)
+                    req.stop_pending = status
+                    insort(self._partials, req, key=_by_run_seq)
+                else:
+                    req.status = status
+                finished.append(req)
+            if finished and not defer:
+                self._remove_finished(finished, end)
+        return n, finished
 
     def _cache_members(self, cache: set[Request], k: int) -> None:
         bs = self.block_size
