@@ -163,60 +163,89 @@ class BlockPool:
         """Pop ``num_blocks`` from the free queue front, evicting their cached content."""
         if num_blocks > self._nfree:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        fq, base, h = self._fq, self._base, self._head
+        h = self._head
         end = h + num_blocks
         th = self._tomb_heap
-        skipped = None
         if th and th[0] < end:
-            skipped = []
-            while th and th[0] < end:
-                skipped.append(heappop(th))
-                end += 1
-            ids = [b for b in fq[h - base:end - base] if b >= 0]
-        else:
-            ids = fq[h - base:end - base]
+            return self._get_past_tombs(num_blocks)
+        base = self._base
+        ids = self._fq[h - base:end - base]
         self._head = end
         self._nfree -= num_blocks
         if self.enable_caching:
             cr = self._cr
             i = self._cri
-            if i < len(cr) and cr[i][0] < end:  # cached request-unique content is evicted
-                ev = 0
-                n = len(cr)
-                while i < n:
-                    run = cr[i]
-                    s, e = run
-                    if s >= end:
-                        break
-                    if e <= end:
-                        ev += e - s
-                        i += 1
-                    else:
-                        ev += end - s
-                        run[0] = end
-                        break
-                self._cri = i
-                if skipped:
-                    tombs = self._tombs
-                    ev -= sum(1 for t in skipped if tombs[t])
-                self.num_evictions += ev
-                if i > 1024 and i * 2 > n:
-                    del cr[:i]
-                    self._cri = 0
-            pos = self._pos
-            if pos:  # indexed (shareable) content is evicted
-                for b in [*filter(pos.__contains__, ids)]:
-                    del pos[b]
-                    self._unindex(b)
-                    self.num_evictions += 1
-        if skipped:
-            tombs = self._tombs
-            for t in skipped:
-                del tombs[t]
+            if i < len(cr) and cr[i][0] < end:
+                self._evict_runs(end, ())
+            if self._pos:
+                self._evict_indexed(ids)
+        if end - base > 4096 and (end - base) * 2 > len(self._fq):
+            del self._fq[:end - base]
+            self._base = end
+        return ids
+
+    def _get_past_tombs(self, num_blocks: int) -> list[int]:
+        """``get_new_blocks`` when tombstones lie in the way (blocks taken from the middle)."""
+        fq, base, h = self._fq, self._base, self._head
+        end = h + num_blocks
+        th = self._tomb_heap
+        skipped = []
+        while th and th[0] < end:
+            skipped.append(heappop(th))
+            end += 1
+        ids = [b for b in fq[h - base:end - base] if b >= 0]
+        self._head = end
+        self._nfree -= num_blocks
+        if self.enable_caching:
+            cr = self._cr
+            i = self._cri
+            if i < len(cr) and cr[i][0] < end:
+                self._evict_runs(end, skipped)
+            if self._pos:
+                self._evict_indexed(ids)
+        tombs = self._tombs
+        for t in skipped:
+            del tombs[t]
         if end - base > 4096 and (end - base) * 2 > len(fq):
             del fq[:end - base]
             self._base = end
         return ids
+
+    def _evict_runs(self, end: int, skipped) -> None:
+        """The front reached position ``end``: cached request-unique content before it is
+        evicted (tombstoned positions ``skipped`` were taken out before, not evicted)."""
+        cr = self._cr
+        i = self._cri
+        n = len(cr)
+        ev = 0
+        while i < n:
+            run = cr[i]
+            s, e = run
+            if s >= end:
+                break
+            if e <= end:
+                ev += e - s
+                i += 1
+            else:
+                ev += end - s
+                run[0] = end
+                break
+        self._cri = i
+        if skipped:
+            tombs = self._tombs
+            ev -= sum(1 for t in skipped if tombs[t])
+        self.num_evictions += ev
+        if i > 1024 and i * 2 > n:
+            del cr[:i]
+            self._cri = 0
+
+    def _evict_indexed(self, ids: list[int]) -> None:
+        """Indexed (shareable) content of the popped ``ids`` is evicted."""
+        pos = self._pos
+        for b in [*filter(pos.__contains__, ids)]:
+            del pos[b]
+            self._unindex(b)
+            self.num_evictions += 1
 
     def _unindex(self, b: int) -> None:
         """vLLM ``_maybe_evict_cached_block``: drop block ``b`` from the hash index."""

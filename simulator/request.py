@@ -9,7 +9,6 @@ request that is never preempted is scheduled ``prompt_len + max_tokens - 1`` tok
 from __future__ import annotations
 
 import enum
-import hashlib
 
 from servesim.workloads.schema import RequestSpec
 
@@ -41,7 +40,14 @@ def stable_int(s: str | None) -> int:
     """A process-independent 63-bit integer for a string (``hash()`` of str is salted)."""
     if s is None:
         return 0
+    import hashlib
+
     return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little") >> 1
+
+
+_NAN = float("nan")
+_WAITING = RequestStatus.WAITING
+_ROOT_HASH = hash((0, 0))  # the prefix-hash root without LoRA and cache salt
 
 
 class Request:
@@ -121,20 +127,22 @@ class Request:
         # Async scheduling, one batch in flight: the finished status this request reaches when
         # the batch in flight returns (its stop is not yet known to vLLM's scheduler).
         self.stop_pending: RequestStatus | None = None
-        self.status = RequestStatus.WAITING
+        self.status = _WAITING
         self.block_ids: list[int] = []  # block table (ids); ``blocks`` gives views
         self.kv_pool = None  # the BlockPool holding them (for ``blocks``)
         self.num_cached_blocks = 0
         self.block_hashes: list[int] = []
         self.num_cached_tokens = -1
         self.num_preemptions = 0
-        self.first_scheduled_time = float("nan")
-        self.first_token_time = float("nan")
-        self.last_token_time = float("nan")
-        self.finish_time = float("nan")
+        self.first_scheduled_time = _NAN
+        self.first_token_time = _NAN
+        self.last_token_time = _NAN
+        self.finish_time = _NAN
         self.prefix_block_ids = spec.prefix_block_ids or ()
         self.prompt_token_ids = spec.prompt_token_ids
-        self.root_hash = hash((stable_int(spec.lora), stable_int(spec.cache_salt)))
+        lora, salt = spec.lora, spec.cache_salt
+        self.root_hash = _ROOT_HASH if lora is None and salt is None else \
+            hash((stable_int(lora), stable_int(salt)))
         self.error = ""
         # Block table when last freed (a preempted request's own prefix hits): ids, the
         # free-queue position of index 0 in the freed run (index i at prev_pos - i) and how

@@ -109,48 +109,51 @@ class SchedulerOutput:
         return d
 
 
-class _WaitingQueue:
-    """FCFS: a deque (victims are prepended). PRIORITY: a heap ordered as vLLM's
-    ``Request.__lt__``: (priority, arrival_time, request_id) — ids compare as strings."""
+class _FCFSQueue(deque):
+    """FCFS waiting queue: a deque (victims are prepended); ``len`` and membership in C."""
 
-    def __init__(self, priority: bool):
-        self.priority = priority
-        self._dq: deque[Request] = deque()
+    add_request = deque.append
+    prepend_request = deque.appendleft
+    pop_request = deque.popleft
+
+    def peek_request(self) -> Request:
+        return self[0]
+
+
+class _PriorityQueue:
+    """PRIORITY waiting queue: a heap ordered as vLLM's ``Request.__lt__``:
+    (priority, arrival_time, request_id) — ids compare as strings."""
+
+    def __init__(self):
         self._heap: list[tuple[int, float, str, int, Request]] = []
 
     def __len__(self) -> int:
-        return len(self._heap) if self.priority else len(self._dq)
+        return len(self._heap)
 
     def add_request(self, req: Request) -> None:
-        if self.priority:
-            heapq.heappush(self._heap,
-                           (req.priority, req.arrival_time, req.request_id, req.index, req))
-        else:
-            self._dq.append(req)
+        heapq.heappush(self._heap,
+                       (req.priority, req.arrival_time, req.request_id, req.index, req))
 
-    def prepend_request(self, req: Request) -> None:
-        if self.priority:
-            self.add_request(req)
-        else:
-            self._dq.appendleft(req)
+    prepend_request = add_request
 
     def peek_request(self) -> Request:
-        return self._heap[0][4] if self.priority else self._dq[0]
+        return self._heap[0][4]
 
     def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)[4] if self.priority else self._dq.popleft()
+        return heapq.heappop(self._heap)[4]
 
     def __contains__(self, req: Request) -> bool:
-        if self.priority:
-            return any(e[4] is req for e in self._heap)
-        return req in self._dq
+        return any(e[4] is req for e in self._heap)
 
     def remove(self, req: Request) -> None:
-        if self.priority:
-            self._heap = [e for e in self._heap if e[4] is not req]
-            heapq.heapify(self._heap)
-        else:
-            self._dq.remove(req)
+        self._heap = [e for e in self._heap if e[4] is not req]
+        heapq.heapify(self._heap)
+
+
+def _WaitingQueue(priority: bool):  # noqa: N802 (a factory standing in for the old class)
+    """FCFS: a deque (victims are prepended). PRIORITY: a heap ordered as vLLM's
+    ``Request.__lt__``: (priority, arrival_time, request_id) — ids compare as strings."""
+    return _PriorityQueue() if priority else _FCFSQueue()
 
 
 class Scheduler:
