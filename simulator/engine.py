@@ -224,7 +224,7 @@ class Replica:
                 shape = out.shape
                 nd = shape.num_decode
                 pt = shape.num_tokens - nd
-            c_run.append(len(sched.running))
+            c_run.append(sched.num_running)
             if parked:  # waiting = the engine's queue + the client's compact tail
                 c_wait.append(sched.num_waiting + len(parked))
                 rec.refill()
@@ -245,6 +245,20 @@ class Replica:
 
     def _trace_quiet(self, now: float) -> None:
         self.trace.append((now, {r.request_id: 1 for r in self.scheduler._group}, []))
+
+    def _quiet_steps(self) -> Callable[[], int] | None:
+        """The scheduler's ``quiet_steps`` when its steps are vLLM's as ``Scheduler`` makes
+        them (a subclass replacing the step's decisions runs every step through them)."""
+        from servesim.simulator.scheduler import Scheduler
+
+        sched = self.scheduler
+        cls = type(sched)
+        if not isinstance(sched, Scheduler) or any(
+                getattr(cls, name) is not getattr(Scheduler, name)
+                for name in ("schedule", "update_from_output", "_try_fast_running",
+                             "_schedule_waiting", "quiet_steps", "quiet_step")):
+            return None
+        return sched.quiet_steps
 
     def _quiet_seconds(self) -> Callable[[], float]:
         """Seconds of the scheduler's next quiet step (decode group only)."""
@@ -280,7 +294,7 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
-        quiet = getattr(sched, "quiet_steps", None)
+        quiet = self._quiet_steps()
         quiet_seconds = self._quiet_seconds() if quiet is not None else None
         while True:
             if not sched.has_requests():
@@ -354,7 +368,7 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
-        quiet = getattr(sched, "quiet_steps", None)
+        quiet = self._quiet_steps()
         quiet_seconds = self._quiet_seconds() if quiet is not None else None
         inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
         last_end = 0.0  # end of the batch scheduled last
