@@ -150,7 +150,7 @@ class _PriorityQueue:
         heapq.heapify(self._heap)
 
 
-def _WaitingQueue(priority: bool):  # noqa: N802 (a factory standing in for the old class)
+def _WaitingQueue(priority: bool):  # (a factory where a class used to be)
     """FCFS: a deque (victims are prepended). PRIORITY: a heap ordered as vLLM's
     ``Request.__lt__``: (priority, arrival_time, request_id) — ids compare as strings."""
     return _PriorityQueue() if priority else _FCFSQueue()
