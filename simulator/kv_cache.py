@@ -23,9 +23,10 @@ of ids (``Request.block_ids``), and work is per request, not per block:
   appends its table reversed in one ``extend``. Taking a free block out of the middle (a prefix
   hit reviving it) leaves a tombstone (-1) that the front skips.
 - Content that another request can hold (workload prefix ids, prompt token ids: the leading
-  ``Request.num_shared_blocks`` blocks) is hashed and indexed eagerly, block by block, as vLLM
-  does: those blocks carry explicit reference counts (``_ref``) and, while free, their position
-  (``_pos``). Content unique to a request can only be hit by the request itself after a
+  ``Request.num_shared_blocks`` blocks; under a sliding window every block, as a request hits
+  its own out-of-window blocks after a preemption) is hashed and indexed eagerly, block by
+  block, as vLLM does: those blocks carry explicit reference counts (``_ref``) and, while
+  free, their position (``_pos``). Content unique to a request can only be hit by the request itself after a
   preemption, so it is not hashed at all: a request's first ``num_cached_blocks`` blocks are
   cached, a freed request's unique blocks occupy a known run of positions, and a block of that
   run still holds its content iff the front has not passed its position (nor a tombstone
