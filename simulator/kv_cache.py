@@ -176,8 +176,14 @@ class BlockPool:
         if self.enable_caching:
             cr = self._cr
             i = self._cri
-            if i < len(cr) and cr[i][0] < end:
-                self._evict_runs(end, ())
+            if i < len(cr):
+                run = cr[i]
+                if run[0] < end:
+                    if run[1] > end:  # (common) the popped blocks end inside one cached run
+                        self.num_evictions += end - run[0]
+                        run[0] = end
+                    else:
+                        self._evict_runs(end, ())
             if self._pos:
                 self._evict_indexed(ids)
         if end - base > 4096 and (end - base) * 2 > len(self._fq):
