@@ -97,13 +97,14 @@ def scaling(rate: str, sizes: list[int], repeats: int) -> None:
             [sys.executable, __file__, "--num-prompts", str(n), "--rate", rate, "--repeats",
              str(repeats if n <= 100_000 else 1), "--machine"],
             check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        wall, steps, us, rss = (float(x) for x in out.split())
-        rows.append((n, wall, steps, us, rss))
-        print(f"{n:>9} requests: wall {wall:7.2f} s, {steps:9.0f} steps, {us:6.1f} us/step, "
-              f"peak RSS {rss:5.0f} MiB")
+        wall, steps, us, rss, cpu = (float(x) for x in out.split())
+        rows.append((n, wall, steps, us, rss, cpu / steps * 1e6))
+        print(f"{n:>9} requests: wall {wall:7.2f} s, {steps:9.0f} steps, {us:6.1f} us/step "
+              f"(CPU {cpu / steps * 1e6:6.1f} us/step), peak RSS {rss:5.0f} MiB")
         sys.stdout.flush()
-    lo, hi = min(r[3] for r in rows), max(r[3] for r in rows)
-    print(f"us/step spread: {hi / lo - 1:.1%} (max/min - 1)")
+    for col, name in ((3, "wall"), (5, "CPU")):
+        lo, hi = min(r[col] for r in rows), max(r[col] for r in rows)
+        print(f"{name} us/step spread: {hi / lo - 1:.1%} (max/min - 1)")
 
 
 _CHILD = """
@@ -168,10 +169,10 @@ def main() -> None:
         prof.disable()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(15)
         return
-    if a.machine:  # one line for --preset scaling: wall, steps, us/step, peak RSS
+    if a.machine:  # one line for --preset scaling: wall, steps, us/step, peak RSS, CPU
         runs = [once(cfg, True) for _ in range(repeats)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(med["wall_s"], med["steps"], med["us_per_step"], peak_rss_mib())
+        print(med["wall_s"], med["steps"], med["us_per_step"], peak_rss_mib(), med["cpu_s"])
         return
     modes = [True, False] if a.compare_exact else [True]
     for fast in modes:
