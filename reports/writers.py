@@ -427,7 +427,7 @@ class _StepRows:
             self.pieces.append(_rows_text(tail, STEP_COLUMNS))
         header = list(STEP_COLUMNS) + [c for c in steps if c not in STEP_COLUMNS]
         with open(path, "w", encoding="utf-8", newline="") as f:
-            f.write(",".join(header) + "\n")
+            csv.writer(f, lineterminator="\n").writerow(header)  # (write_csv's header)
             f.writelines(self.pieces)
 
 
