@@ -439,7 +439,7 @@ class KVCacheManager:
         # ``on_cache(request, start, end)``: table entries [start, end) of ``request`` were
         # cached just now (vLLM ``cache_full_blocks``), request-unique ones included — a KV
         # connector's write-through stores (cluster/offload.py). While one is set every caching
-        # step is taken eagerly, none implicitly (``caches_eagerly``).
+        # step is taken when vLLM takes it, none implicitly (``Scheduler._cache_eager``).
         self.on_cache: Callable[[Request, int, int], None] | None = None
 
     def set_sliding_window(self, window: int, max_num_batched_tokens: int) -> None:
@@ -575,12 +575,6 @@ class KVCacheManager:
             pool.note_hits([b for b in hits[start:] if b != NULL])
 
     # -- caching ---------------------------------------------------------------------------------
-    @property
-    def caches_eagerly(self) -> bool:
-        """Whether every caching step must be taken when vLLM takes it (a write-through hook
-        is set), not only those that index shareable content."""
-        return self.on_cache is not None
-
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks within its first ``num_tokens`` tokens
         (``SingleTypeKVCacheManager.cache_blocks``)."""

@@ -239,8 +239,10 @@ class Scheduler:
         self._group: dict[Request, None] = {}
         self._partials: list[Request] = []  # running requests not in the group, in order
         self._alloc_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
-        # Members whose decode fills blocks of shareable content (a session's prefix ids run
-        # on into its output): cached eagerly, by step mod block_size.
+        # Members cached step by step, by step mod block_size: those whose decode fills blocks
+        # of shareable content (a session's prefix ids run on into its output), every member
+        # when the KV cache has a write-through hook (``_cache_eager``); the others' unique
+        # blocks are cached implicitly (``_sync``).
         self._cache_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
         self._finish_at: dict[int, list[Request]] = {}
         self._ctx_sum = 0  # Σ (num_computed + 1) over members at step _k
@@ -521,7 +523,7 @@ class Scheduler:
         """Whether a member joining the decode group has its newly full blocks cached step by
         step (cache buckets, :meth:`_cache_members`): while blocks of shareable content remain
         to be indexed (another request may hit them at once), or for every member when a KV
-        connector stores what is cached (``KVCacheManager.caches_eagerly``). Other members'
+        connector stores what is cached (``KVCacheManager.on_cache``). Other members'
         request-unique blocks are cached implicitly (:meth:`_sync`)."""
         kv = self.kv
         return getattr(kv, "on_cache", None) is not None or \
