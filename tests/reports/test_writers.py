@@ -145,6 +145,14 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     ["workload.num_prompts=200", "model.max_model_len=1100", "workload.request_rate=50"],
     # step rows sampled into 1-s intervals (the worker's pre-formatted rows)
     ["workload.num_prompts=200", "output.timeseries_interval_s=1"],
+    # the client's columns (stages, warm-up, timeouts with retries); no API-server frontend;
+    # extra timeseries columns (speculative decoding counters, quoted names)
+    ["workload.num_prompts=200", ("workload.stages=[{rate: 20, num_requests: 80}, "
+     "{concurrency: 16, duration_s: 4, grace_s: 1}]"), "workload.warmup={num_requests: 4}",
+     "client.request_timeout_s=3", "client.max_retries=1"],
+    ["workload.num_prompts=200", "frontend.enable=false"],
+    ["workload.num_prompts=150", "model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+     "speculative_config={method: eagle3, num_speculative_tokens: 3, acceptance: {rate: 0.6}}"],
 ])
 def test_streamed_requests_csv_is_byte_identical(tmp_path, monkeypatch, overrides):
     from servesim.simulator.config import load_config, resolve_config
@@ -219,3 +227,23 @@ def test_worker_step_rows_preformatted(tmp_path, monkeypatch, interval, max_rows
     rows.write(str(out), steps)
     assert out.read_bytes() == plain.read_bytes()
     assert (rows.sampler.interval is None) == (interval is None and not max_rows)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork-based stream")
+def test_cluster_run_does_not_use_the_stream(tmp_path):
+    """Cluster runs do not feed the stream (no meta message): the worker's file is not used and
+    write_run writes requests.csv itself."""
+    from servesim.simulator.config import load_config, resolve_config
+    from servesim.simulator.runner import run_experiment
+
+    cfg = resolve_config(load_config(None, [
+        "workload.num_prompts=60", "cache.kv_offload={cpu_bytes: 1GiB}"]))
+    plain = tmp_path / "plain"
+    write_run(run_experiment(cfg, resolved=True), plain)
+    out = OutputDir(tmp_path / "streamed")
+    stream = RequestsCsvStream.start(out.file("requests.csv"))
+    write_run(run_experiment(cfg, resolved=True, request_sink=stream), out,
+              requests_stream=stream)
+    assert not stream.ok
+    for name in ("requests.csv", "timeseries.csv"):
+        assert (tmp_path / "streamed" / name).read_bytes() == (plain / name).read_bytes()
