@@ -82,6 +82,7 @@ class Table:
                  roof: Roof):
         self.keys, self.sweep, self.series, self.roof = keys, sweep, series, roof
         self.axes = [sorted({k[i] for k in series}) for i in range(len(keys))]
+        self._memo: dict[tuple, tuple[float, bool]] = {}  # (key, x) -> lookup (hot path)
 
     def __len__(self) -> int:
         return sum(len(s.xs) for s in self.series.values())
@@ -125,7 +126,16 @@ class Table:
         return t, inside
 
     def lookup(self, key: tuple, x: float) -> tuple[float, bool]:
-        """(seconds, inside) at ``key`` and swept coordinate ``x``."""
+        """(seconds, inside) at ``key`` and swept coordinate ``x`` (memoised: the simulator
+        asks for the same points step after step)."""
+        got = self._memo.get((key, x))
+        if got is None:
+            if len(self._memo) >= 1 << 18:
+                self._memo.clear()
+            got = self._memo[(key, x)] = self._lookup(key, x)
+        return got
+
+    def _lookup(self, key: tuple, x: float) -> tuple[float, bool]:
         s = self.series.get(key)
         if s is not None:
             return self._curve(key, x)

@@ -216,8 +216,13 @@ class Calibration:
     # -- provenance ------------------------------------------------------------------------------
 
     def provenance(self, family: str, inside: bool) -> str:
-        src = self.sources.get(family, self.path.name)
-        return f"calibration:{src}" if inside else f"roofline:nearest/{src}"
+        memo = self.__dict__.setdefault("_provenance", {})  # (the simulator's hot path)
+        got = memo.get((family, inside))
+        if got is None:
+            src = self.sources.get(family, self.path.name)
+            got = memo[(family, inside)] = (f"calibration:{src}" if inside
+                                            else f"roofline:nearest/{src}")
+        return got
 
     def has(self, family: str) -> bool:
         return family in self.tables

@@ -353,6 +353,9 @@ class StepCostModel:
         self.scales: dict[str, float] = {}  # op family -> time factor (set_scales)
         self._attn_scale = 1.0
         self._head_cache: dict[int, float] = {}
+        self._decode_step_cache: dict[tuple[int, int], float] = {}
+        self._decode_step_token: tuple = (None, None)
+        self._decode_shape = BatchShape()
 
     # -- structure helpers --------------------------------------------------------------------
 
@@ -704,6 +707,29 @@ class StepCostModel:
         the KV is read once, the q/o rows and KV writes grow by ``ns``, the FLOPs by the mean
         query length (nd + ns) / nd."""
         return max(t + ns * self._dBr, ctx * (nd + ns) / nd * self._dF)
+
+    def decode_step_seconds(self, nd: int, ctx_sum: int) -> float:
+        """:meth:`step_seconds` of a decode-only batch of ``nd`` rows reading ``ctx_sum``
+        context tokens in all (every row samples, no drafts, no adapters). With measured
+        decode attention, no sliding window and no step extensions the time depends on
+        ``ctx_sum`` only through the table's 16-token bucket of the mean context, so it is
+        cached per (rows, bucket): the same float. The cache holds while the host terms,
+        scales and extensions it was computed with do (``simulate fit`` varies them)."""
+        if self._cal_dec and not self.window and not self.step_extensions:
+            token = self._decode_step_token
+            if token[0] is not self.host or token[1] is not self.scales:
+                self._decode_step_cache.clear()
+                self._decode_step_token = (self.host, self.scales)
+            key = (nd, (ctx_sum // nd + 8) >> 4)
+            got = self._decode_step_cache.get(key)
+            if got is None:
+                got = self._decode_step_cache[key] = self.step_seconds(
+                    BatchShape(nd, ctx_sum, 0, (), (), nd))
+            return got
+        shape = self._decode_shape
+        shape.num_decode = shape.num_sampled = nd
+        shape.decode_context_sum = ctx_sum
+        return self.step_seconds(shape)
 
     def step_seconds(self, batch: BatchShape) -> float:
         """Seconds of one engine step (O(1) in the number of running requests)."""

@@ -59,7 +59,6 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -183,16 +182,22 @@ def _floats(a: np.ndarray, fill: float | None = 0.0) -> list:
     return [v if math.isfinite(v) else fill for v in a.tolist()]
 
 
-def _stats(values: np.ndarray, percentiles: list[float]) -> dict[str, float]:
-    """mean/median/std/percentiles in ms of ``values`` (s), with vLLM's ``x or 0`` for empty."""
+def _stats(values: np.ndarray, percentiles: list[float],
+           scratch: bool = False) -> dict[str, float]:
+    """mean/median/std/percentiles in ms of ``values`` (s), with vLLM's ``x or 0`` for empty.
+    ``scratch``: ``values`` is a temporary the order statistics may partition in place (the
+    same values: mean and std, whose sums depend on the order, are taken first)."""
     x = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
+    mean = float(np.mean(x)) * MILLISECONDS_PER_SECOND
+    std = float(np.std(x)) * MILLISECONDS_PER_SECOND
     out = {
-        "mean": float(np.mean(x)) * MILLISECONDS_PER_SECOND,
-        "median": float(np.median(x)) * MILLISECONDS_PER_SECOND,
-        "std": float(np.std(x)) * MILLISECONDS_PER_SECOND,
+        "mean": mean,
+        "median": float(np.median(x, overwrite_input=scratch)) * MILLISECONDS_PER_SECOND,
+        "std": std,
     }
     for p in percentiles:
-        out[f"p{percentile_word(p)}"] = float(np.percentile(x, p)) * MILLISECONDS_PER_SECOND
+        out[f"p{percentile_word(p)}"] = float(
+            np.percentile(x, p, overwrite_input=scratch)) * MILLISECONDS_PER_SECOND
     return out
 
 
@@ -216,7 +221,7 @@ def _itl_stats(values: np.ndarray, counts: np.ndarray, percentiles: list[float])
     values, counts = values[keep], counts[keep]
     total = int(counts.sum()) if len(counts) else 0
     if total <= _ITL_EXPAND_LIMIT:
-        return _stats(np.repeat(values, counts), percentiles)
+        return _stats(np.repeat(values, counts), percentiles, scratch=True)
     w = counts / total
     mean = float(np.sum(values * w))
     out = {
@@ -321,6 +326,8 @@ def _traffic(result: RunResult, key: str, default: Any = None) -> Any:
 
 
 def _version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("servesim")
     except metadata.PackageNotFoundError:  # pragma: no cover - source checkout without install

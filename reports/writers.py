@@ -22,7 +22,9 @@ import io
 import json
 import math
 import os
+import pickle
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -31,7 +33,14 @@ from typing import Any, Self
 import numpy as np
 from servesim.reports.bench_result import VOLATILE_KEYS, PerRequest, compute_bench_result
 from servesim.simulator.errors import ServesimError
-from servesim.simulator.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RunResult
+from servesim.simulator.metrics import (
+    RAW_FIELDS,
+    RAW_STRINGS,
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    RunResult,
+    derive_request_columns,
+)
 
 RESULT_FILE = "result.json"
 RUN_INFO_FILE = "run_info.json"
@@ -120,11 +129,29 @@ def write_csv(f, windows: Iterable[dict[str, Any]], order: Sequence[str], what: 
         lengths = {len(c) for c in cols}
         if len(lengths) > 1:
             raise ValueError(f"RunResult.{what}: columns have different lengths {sorted(lengths)}")
-        w.writerows(zip(*cols) if cols else ())
+        if cols and len(cols) > 1 and not any(
+                _needs_quotes(c) for c, name in zip(cols, names)
+                if np.asarray(columns[name]).dtype.kind not in "fiub"):
+            if cols[0]:  # no cell to quote: the csv module's bytes, ~8x faster
+                f.write("\n".join(map(",".join, zip(*cols))))
+                f.write("\n")
+        else:
+            w.writerows(zip(*cols) if cols else ())
         n += len(cols[0]) if cols else 0
     if names is None:
         w.writerow(order)
     return n
+
+
+_SPECIAL = frozenset(',"\r\n')
+
+
+def _needs_quotes(cells: list[str]) -> bool:
+    """Whether ``csv.writer`` (QUOTE_MINIMAL) would quote any of these cells."""
+    for c in cells:
+        if not _SPECIAL.isdisjoint(c):
+            return True
+    return False
 
 
 def _row_windows(columns: dict[str, Any], rows: int = 65_536):
@@ -231,8 +258,275 @@ class OutputDir:
             self.discard()
 
 
+class RequestsCsvStream:
+    """``requests.csv`` and ``timeseries.csv`` written while the simulation runs.
+
+    Formatting CSV cells costs about a microsecond per float (Python's shortest ``repr``), as
+    much as simulating the request on a large run; a forked worker process does it on another
+    core, fed the engine's raw rows as they are recorded (``Recorder.sink``, batches of
+    ``Recorder.SINK_ROWS``): request rows are written once every row before them has arrived
+    (request-index order), step rows are formatted ahead (the worker runs its own
+    ``StepSampler``). After the simulation only the tails are left (:meth:`send_timeseries`,
+    :meth:`finish`), and they overlap with :func:`write_run` computing the metrics. The files
+    are the bytes :func:`write_run` would write (the worker checks its step rows against the
+    run's and formats those when they differ). Linux only (``fork``); where it is unavailable
+    or the worker fails, :func:`write_run` writes the files as before."""
+
+    def __init__(self, path: str | Path, timeseries_interval: float | None = None):
+        self.path = Path(path)
+        self.timeseries_interval = timeseries_interval
+        self._pid = 0
+        self._w = None
+        self.ok = False
+
+    @classmethod
+    def start(cls, path: str | Path,
+              timeseries_interval: float | None = None) -> RequestsCsvStream | None:
+        """Fork the worker (None where it cannot); ``timeseries_interval``: the config's
+        ``output.timeseries_interval_s``."""
+        if not sys.platform.startswith("linux"):
+            return None
+        stream = cls(path, timeseries_interval)
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:  # the worker: never returns
+            code = 1
+            try:
+                os.close(w)
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 1)
+                os.dup2(null, 2)
+                with os.fdopen(r, "rb") as src:
+                    _csv_worker(src, stream.path, timeseries_interval)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(r)
+        stream._pid = pid
+        stream._w = os.fdopen(w, "wb")
+        return stream
+
+    def __call__(self, message: tuple) -> None:
+        """Hand on ("rows", raw request fields) or ("steps", raw step columns)."""
+        if self._w is not None:
+            try:
+                pickle.dump(message, self._w, protocol=pickle.HIGHEST_PROTOCOL)
+            except OSError:  # the worker is gone: write_run writes the files instead
+                self.close()
+
+    def expect(self, num_rows: int) -> None:
+        """The run has ``num_rows`` request rows (the worker checks it streamed as many)."""
+        self(("expect", int(num_rows)))
+
+    def send_timeseries(self, steps: dict, path: str | Path) -> bool:
+        """After the last rows: have the worker write timeseries.csv at ``path``; ``steps``
+        (``RunResult.steps``) are the rows it must hold. False when it cannot."""
+        if self._w is None:
+            return False
+        self(("timeseries", str(path), {k: np.asarray(v) for k, v in steps.items()}))
+        return self._w is not None
+
+    def finish(self) -> bool:
+        """No more rows: wait for the worker to write the rest; True when the files are
+        complete."""
+        if self._w is not None:
+            try:
+                self._w.close()
+            except OSError:
+                pass
+            self._w = None
+        if self._pid:
+            _, status = os.waitpid(self._pid, 0)
+            self._pid = 0
+            self.ok = os.waitstatus_to_exitcode(status) == 0
+        return self.ok
+
+    def close(self) -> None:
+        """Stop the worker (on errors and interruptions); its files are not to be used."""
+        if self._w is not None:
+            try:
+                self._w.close()
+            except OSError:
+                pass
+            self._w = None
+        if self._pid:
+            import signal
+
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+                os.waitpid(self._pid, 0)
+            except OSError:
+                pass
+            self._pid = 0
+        self.ok = False
+
+
+def _rows_text(columns: dict[str, Any], names: Sequence[str]) -> str:
+    """CSV lines (no header) of ``columns`` in ``names`` order: :func:`write_csv`'s bytes."""
+    buf = io.StringIO()
+    write_csv(buf, [columns], names, "rows")
+    text = buf.getvalue()
+    return text[text.index("\n") + 1:]
+
+
+class _StepRows:
+    """The worker's copy of the run's step rows: a ``StepSampler`` fed the same chunks, with
+    every row formatted as soon as it is final (raw rows at once; sampled rows when their
+    interval closes)."""
+
+    def __init__(self, interval: float | None):
+        from servesim.simulator.engine import Recorder
+        from servesim.simulator.runner import StepSampler
+
+        self.sampler = StepSampler(interval)
+        self.names = dict(zip(Recorder.STEP, STEP_COLUMNS))
+        self.pieces: list[str] = []
+        self.done = 0  # sampled rows (sampler._rows entries) formatted
+        self.last_t = -math.inf
+        self.sorted = True
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        t = chunk["time_s"]
+        if len(t):
+            if t[0] < self.last_t or (len(t) > 1 and bool(np.any(np.diff(t) < 0))):
+                self.sorted = False
+            self.last_t = float(t[-1])
+        s = self.sampler
+        raw = s.interval is None
+        s.add(chunk)
+        if s.interval is None:
+            self.pieces.append(self._text(chunk))
+            return
+        if raw:  # switched to sampling: the raw rows are void
+            self.pieces = []
+            self.done = 0
+        for rows in s._rows[self.done:]:
+            self.pieces.append(self._text(rows))
+        self.done = len(s._rows)
+
+    def _text(self, rows: dict[str, np.ndarray]) -> str:
+        names = self.names  # (extra columns keep their names, as StepSampler.columns)
+        return _rows_text({names.get(k, k): v for k, v in rows.items()}, STEP_COLUMNS)
+
+    def write(self, path: str, steps: dict[str, np.ndarray]) -> None:
+        """timeseries.csv with the rows ``steps`` holds (pre-formatted when they match)."""
+        mine = self.sampler.columns()
+        same = self.sorted and set(mine) == set(steps) and all(
+            np.array_equal(np.asarray(mine[k], dtype=float), np.asarray(steps[k], dtype=float),
+                           equal_nan=True) for k in mine)
+        if not same or not len(mine["time_s"]):
+            _write_timeseries(path, steps)
+            return
+        if self.sampler.interval is not None:  # + the last (open) interval's row
+            tail = {k: v[-1:] for k, v in mine.items()}
+            self.pieces.append(_rows_text(tail, STEP_COLUMNS))
+        header = list(STEP_COLUMNS) + [c for c in steps if c not in STEP_COLUMNS]
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerow(header)  # (write_csv's header)
+            f.writelines(self.pieces)
+
+
+def _csv_worker(src, path: Path, interval: float | None) -> None:
+    """Read pickled messages from ``src`` until EOF (see :class:`RequestsCsvStream`); write
+    requests.csv at ``path`` in request-index order, each row as soon as every row before it
+    has arrived, and timeseries.csv when asked. Messages: ("meta", {"client_columns": bool})
+    before any row (the run's columns; without it the file is not used), ("rows", raw request
+    fields), ("steps", raw step columns), ("timeseries", path, the run's step columns) and
+    ("expect", number of request rows): a file with another number of rows is not used
+    (exit status 1, :func:`write_run` writes it)."""
+    pending: list[dict] = []  # request row batches, each sorted by index
+    mins: list[int] = []
+    next_index = 0
+    steps = _StepRows(interval)
+    timeseries = None
+    meta: dict | None = None
+    expect: list[int] = []
+
+    def merged() -> dict:
+        if len(pending) == 1:
+            return pending[0]
+        cat = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
+        order = np.argsort(cat["index"], kind="stable")
+        return {k: v[order] for k, v in cat.items()}
+
+    def windows():
+        nonlocal next_index, timeseries, meta
+        emitted = False
+        while True:
+            try:
+                msg = pickle.load(src)
+            except EOFError:
+                break
+            if msg[0] == "steps":
+                steps.add(msg[1])
+                continue
+            if msg[0] == "timeseries":  # (after the last rows)
+                timeseries = msg
+                continue
+            if msg[0] == "expect":
+                expect.append(msg[1])
+                continue
+            if msg[0] == "meta":
+                meta = msg[1]
+                continue
+            if meta is None:
+                raise ValueError("request rows before the run's meta message")
+            client = meta["client_columns"]
+            batch = {k: (np.asarray(v, dtype=object) if isinstance(v, list) else v)
+                     for k, v in msg[1].items()}
+            order = np.argsort(batch["index"], kind="stable")
+            if not len(order):
+                continue
+            batch = {k: v[order] for k, v in batch.items()}
+            pending.append(batch)
+            mins.append(int(batch["index"][0]))
+            if next_index not in mins:
+                continue
+            m = merged()
+            idx = m["index"].astype(np.int64)
+            gap = np.flatnonzero(idx != next_index + np.arange(len(idx)))
+            k = int(gap[0]) if len(gap) else len(idx)
+            pending.clear()
+            mins.clear()
+            if k < len(idx):
+                pending.append({f: v[k:] for f, v in m.items()})
+                mins.append(int(idx[k]))
+            if k:
+                next_index += k
+                emitted = True
+                yield derive_request_columns({f: v[:k] for f, v in m.items()}, client)
+        if meta is None:
+            raise ValueError("no meta message: not a run's stream")
+        if pending:
+            yield derive_request_columns(merged(), meta["client_columns"])
+        elif not emitted:  # no request at all: the header (the same columns)
+            yield derive_request_columns(
+                {f: np.zeros(0) for f in RAW_FIELDS}
+                | {f: np.zeros(0, dtype=object) for f in RAW_STRINGS}, meta["client_columns"])
+
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        n = write_csv(f, windows(), REQUEST_COLUMNS, "requests")
+    if expect and expect[-1] != n:
+        raise ValueError(f"requests.csv: {n} rows streamed, the run has {expect[-1]}")
+    if timeseries is not None:
+        _, ts_path, columns = timeseries
+        steps.write(ts_path, columns)
+
+
+def _write_timeseries(path: str | Path, steps: dict) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        # in windows: a 10M-request replay has ~900k one-second rows
+        write_csv(f, _row_windows(steps), STEP_COLUMNS, "steps")
+
+
 def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | None = None,
-              overwrite: bool = False, formats: list[str] | None = None) -> dict:
+              overwrite: bool = False, formats: list[str] | None = None,
+              requests_stream: RequestsCsvStream | None = None) -> dict:
     """Write a run directory; returns the full bench dict (``compute_bench_result``).
 
     Files: ``result.json`` (vLLM bench keys + deterministic extras), ``run_info.json`` (``date``,
@@ -242,7 +536,8 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
 
     ``outdir``: a path (refused when it is a non-empty folder, unless ``overwrite``) or an
     :class:`OutputDir` prepared before simulating. The folder appears complete or not at all.
-    Per-request rows are written window by window (bounded memory for streamed runs).
+    Per-request rows are written window by window (bounded memory for streamed runs), or were
+    written during the simulation by ``requests_stream`` (into the same staging folder).
     ``formats``: also write the run as those benchmark clients would have
     (``inference-perf``, ``guidellm``, ``aiperf``; ``reports/clients.py``).
     """
@@ -251,6 +546,10 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
     out = outdir if isinstance(outdir, OutputDir) else OutputDir(outdir, overwrite=overwrite,
                                                                  what="run")
     with out:
+        steps = result.steps or {c: np.empty(0) for c in STEP_COLUMNS}
+        # The stream's worker writes timeseries.csv meanwhile (another core).
+        ts_sent = requests_stream is not None and requests_stream.send_timeseries(
+            steps, out.file(TIMESERIES_FILE))
         with phase("computing metrics"):
             bench = compute_bench_result(result, date=date)
         stable = {k: v for k, v in bench.items() if k not in VOLATILE_KEYS}
@@ -260,28 +559,34 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
             "servesim_version": bench.get("servesim_version"),
             "config_hash": bench.get("config_hash"),
         }
-        with phase("writing requests.csv", result.num_requests) as tick, \
-                open(out.file(REQUESTS_FILE), "w", encoding="utf-8", newline="") as f:
-            done = 0
-
-            def windows():
-                nonlocal done
-                for w in result.iter_requests():
-                    yield w
-                    done += len(w["finished_reason"])
-                    tick(done)
-
-            write_csv(f, windows(), REQUEST_COLUMNS, "requests")
-        steps = result.steps or {c: np.empty(0) for c in STEP_COLUMNS}
-        with open(out.file(TIMESERIES_FILE), "w", encoding="utf-8", newline="") as f:
-            # in windows: a 10M-request replay has ~900k one-second rows
-            write_csv(f, _row_windows(steps), STEP_COLUMNS, "steps")
         atomic_write_text(out.file(CONFIG_FILE), result.config.to_yaml())
         atomic_write_text(out.file(RUN_INFO_FILE),
                           json.dumps(info, indent=2, allow_nan=False) + "\n")
         with phase("writing result.json"), \
                 open(out.file(RESULT_FILE), "w", encoding="utf-8", newline="") as f:
             write_result(f, stable)
+        streamed = False
+        if requests_stream is not None:
+            with phase("writing requests.csv"):
+                requests_stream.expect(result.num_requests)
+                streamed = requests_stream.finish() and \
+                    Path(requests_stream.path) == Path(out.file(REQUESTS_FILE))
+        ts_sent = ts_sent and requests_stream.ok
+        if not streamed:
+            with phase("writing requests.csv", result.num_requests) as tick, \
+                    open(out.file(REQUESTS_FILE), "w", encoding="utf-8", newline="") as f:
+                done = 0
+
+                def windows():
+                    nonlocal done
+                    for w in result.iter_requests():
+                        yield w
+                        done += len(w["finished_reason"])
+                        tick(done)
+
+                write_csv(f, windows(), REQUEST_COLUMNS, "requests")
+        if not ts_sent:
+            _write_timeseries(out.file(TIMESERIES_FILE), steps)
         if formats:
             from servesim.reports.clients import write_client_results
 

@@ -16,9 +16,8 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 
-from servesim.simulator.kv_cache import BlockPool, KVCacheBlock, KVCacheManager
+from servesim.simulator.kv_cache import BlockPool, KVCacheManager
 from servesim.simulator.registry import register_kv_allocator
 from servesim.simulator.request import Request
 
@@ -41,12 +40,12 @@ class ContiguousBlockPool(BlockPool):
         self.num_reserved = 0
 
     def get_num_free_blocks(self) -> int:
-        return len(self.free_block_queue._q) - self.num_reserved
+        return self._nfree - self.num_reserved
 
     def get_usage(self) -> float:
         return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
         """Hand out blocks from a reservation (every caller holds one)."""
         ret = super().get_new_blocks(num_blocks)
         self.num_reserved -= num_blocks
@@ -69,13 +68,13 @@ class ContiguousKVCacheManager(KVCacheManager):
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       new_computed_blocks: list[int] | None = None,
                        num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
+                       full_sequence_must_fit: bool = False) -> list[int] | None:
         # (The reservation covers max_model_len, so the whole sequence always fits.)
         pool = self.block_pool
         if request.index not in self._reserved:
-            rest = self.blocks_per_request - len(request.blocks)
+            rest = self.blocks_per_request - len(request.block_ids)
             if rest > pool.get_num_free_blocks():
                 return None
             pool.num_reserved += rest
@@ -83,15 +82,16 @@ class ContiguousKVCacheManager(KVCacheManager):
         need = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens \
             + num_lookahead_tokens
         need = min(need, self.max_model_len)
-        n = -(-need // self.block_size) - len(request.blocks)
+        n = -(-need // self.block_size) - len(request.block_ids)
         new = pool.get_new_blocks(n) if n > 0 else []
-        request.blocks.extend(new)
+        request.block_ids.extend(new)
+        request.kv_pool = pool
         return new
 
     def free(self, request: Request) -> None:
         if request.index in self._reserved:
             self._reserved.discard(request.index)
-            self.block_pool.num_reserved -= self.blocks_per_request - len(request.blocks)
+            self.block_pool.num_reserved -= self.blocks_per_request - len(request.block_ids)
         super().free(request)
 
 
@@ -102,65 +102,83 @@ class ContiguousKVCacheManager(KVCacheManager):
 class LFUBlockPool(BlockPool):
     """vLLM's block pool, evicting free blocks by (cached?, prefix hits, freed order).
 
-    A min-heap of (0 if never cached else 1, hits, seq, block_id) with lazy invalidation
-    (an entry is live while its block is free and ``seq`` is the block's latest stamp) sits
-    beside vLLM's free queue, which still answers membership and counts.
+    A min-heap of (0 if never cached else 1, hits, position, block_id) with lazy invalidation
+    (an entry is live while the free queue still holds the block at that position) sits beside
+    the free queue, which still answers counts and own-content survival: a block taken from
+    the middle leaves a tombstone there.
     """
+
+    track_hits = True
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool):
         super().__init__(num_gpu_blocks, enable_caching)
         self.hits = [0] * num_gpu_blocks
-        self._stamp = [0] * num_gpu_blocks
-        self._seq = 0
         self._heap: list[tuple[int, int, int, int]] = []
-        for b in self.free_block_queue.get_all_free_blocks():
-            self._push(b)
-
-    def _push(self, b: KVCacheBlock) -> None:
-        self._seq += 1
-        self._stamp[b.block_id] = self._seq
-        cached = 0 if b.block_hash is None else 1
-        heapq.heappush(self._heap, (cached, self.hits[b.block_id] if cached else 0, self._seq,
-                                    b.block_id))
-
-    def _compact(self) -> None:
-        q = self.free_block_queue._q
-        self._heap = [e for e in self._heap if e[3] in q and self._stamp[e[3]] == e[2]]
+        for pos, b in enumerate(self._fq):
+            self._heap.append((0, 0, pos, b))
         heapq.heapify(self._heap)
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        q = self.free_block_queue._q
-        if num_blocks > len(q):
+    def _live(self, pos: int, b: int) -> bool:
+        i = pos - self._base
+        return pos >= self._head and i < len(self._fq) and self._fq[i] == b
+
+    def _append_run(self, ids: list[int], num_cached: int) -> int:
+        p = super()._append_run(ids, num_cached)
+        first_cached = len(ids) - num_cached
+        for j, b in enumerate(ids):
+            cached = 1 if j >= first_cached else 0
+            heapq.heappush(self._heap, (cached, self.hits[b] if cached else 0, p + j, b))
+        return p
+
+    def _free_one(self, b: int) -> None:
+        pos = self._base + len(self._fq)
+        n = len(self._fq)
+        super()._free_one(b)
+        if len(self._fq) > n:  # it reached the queue
+            cached = 1 if b in self._hash else 0
+            heapq.heappush(self._heap, (cached, self.hits[b] if cached else 0, pos, b))
+
+    def note_hits(self, ids) -> None:
+        for b in ids:
+            self.hits[b] += 1
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        if num_blocks > self._nfree:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        if len(self._heap) > 4 * len(q) + 1024:
-            self._compact()
-        heap, stamp = self._heap, self._stamp
+        if len(self._heap) > 4 * self._nfree + 1024:
+            self._heap = [e for e in self._heap if self._live(e[2], e[3])]
+            heapq.heapify(self._heap)
+        heap = self._heap
         ret = []
         while len(ret) < num_blocks:
-            _, _, seq, bid = heapq.heappop(heap)
-            if bid not in q or stamp[bid] != seq:
+            _, _, pos, b = heapq.heappop(heap)
+            if not self._live(pos, b):
                 continue
-            block = q.pop(bid)
-            if block.block_hash is not None:
-                self._evict(block)
-            self.hits[bid] = 0
-            block.ref_cnt += 1
-            ret.append(block)
+            in_run = self._in_cached_run(pos)
+            self._take(pos, in_run)
+            if in_run:  # request-unique cached content
+                self.num_evictions += 1
+            elif b in self._pos:  # indexed content
+                del self._pos[b]
+                self._unindex(b)
+                self.num_evictions += 1
+            self.hits[b] = 0
+            ret.append(b)
+        # Let the front pass the tombstones at its head (bounded queue).
+        fq, tombs, th = self._fq, self._tombs, self._tomb_heap
+        while th and th[0] == self._head:
+            heapq.heappop(th)
+            del tombs[self._head]
+            self._head += 1
+        cr = self._cr
+        while self._cri < len(cr) and cr[self._cri][1] <= self._head:
+            self._cri += 1
+        if self._cri < len(cr) and cr[self._cri][0] < self._head:
+            cr[self._cri][0] = self._head
+        if self._head - self._base > 4096 and (self._head - self._base) * 2 > len(fq):
+            del fq[:self._head - self._base]
+            self._base = self._head
         return ret
-
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        blocks = list(blocks)
-        for b in blocks:
-            self.hits[b.block_id] += 1
-        super().touch(blocks)
-
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        q = self.free_block_queue._q
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
-                q[block.block_id] = block
-                self._push(block)
 
 
 class LFUKVCacheManager(KVCacheManager):

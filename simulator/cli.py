@@ -14,11 +14,10 @@ import contextlib
 import signal
 import sys
 import warnings
-from importlib import metadata
 
 import typer
 
-app = typer.Typer(
+_app = typer.Typer(
     name="simulate",
     no_args_is_help=True,
     add_completion=False,
@@ -28,6 +27,8 @@ app = typer.Typer(
 
 
 def version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("servesim")
     except metadata.PackageNotFoundError:  # running from a source tree without install
@@ -40,7 +41,7 @@ def _version_cb(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     show_version: bool = typer.Option(
         False, "--version", callback=_version_cb, is_eager=True, help="Print the version and exit."
@@ -49,20 +50,49 @@ def _root(
     """servesim: simulate vLLM serving, plan capacity, A/B scheduler and KV-cache policies."""
 
 
+# Each concern's CLI module and the commands it adds (in help order). A command line naming
+# one of them imports only that module (start-up time: ``simulate run`` must not load the
+# report, sweep or kernel code); anything else (--help, a typo) registers them all.
+_MODULES = {
+    "servesim.simulator.run_cli": ("run", "validate"),
+    "servesim.simulator.fit_cli": ("fit",),
+    "servesim.costmodels.cli": ("estimate",),
+    "servesim.workloads.cli": ("trace",),
+    "servesim.kernels.cli": ("calibrate",),
+    "servesim.simulator.experiments.cli": ("sweep", "plan"),
+    "servesim.reports.cli": ("report", "compare"),
+}
+_registered: set[str] = set()
+
+
+def _register(modules) -> None:
+    import importlib
+
+    for name in modules:
+        if name not in _registered:
+            _registered.add(name)
+            importlib.import_module(name).register(_app)
+
+
 def _register_all() -> None:
-    from servesim.costmodels import cli as costmodels_cli
-    from servesim.kernels import cli as kernels_cli
-    from servesim.reports import cli as reports_cli
-    from servesim.simulator import fit_cli, run_cli
-    from servesim.simulator.experiments import cli as experiments_cli
-    from servesim.workloads import cli as workloads_cli
-
-    for mod in (run_cli, fit_cli, costmodels_cli, workloads_cli, kernels_cli, experiments_cli,
-                reports_cli):
-        mod.register(app)
+    _register(_MODULES)
 
 
-_register_all()
+def _register_for(args: list[str]) -> None:
+    """Register the module of the command ``args`` starts with (all when it names none)."""
+    if args and not args[0].startswith("-"):
+        for name, cmds in _MODULES.items():
+            if args[0] in cmds:
+                _register((name,))
+                return
+    _register_all()
+
+
+def __getattr__(name: str):
+    if name == "app":  # the fully registered app (tests, embedding)
+        _register_all()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +121,8 @@ def run_cli(argv: list[str] | None = None) -> int:
     old_reporter = progress.set_reporter(progress.BarReporter() if show else None)
     old_term = _sigterm_as_interrupt()
     try:
-        rc = app(args=args, prog_name="simulate", standalone_mode=False)
+        _register_for(args)
+        rc = _app(args=args, prog_name="simulate", standalone_mode=False)
     except Interrupted as e:
         typer.echo(f"interrupted: {e}", err=True)
         return e.exit_code

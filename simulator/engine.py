@@ -41,6 +41,7 @@ class Recorder:
            # frontend (simulator/frontend.py) and engine-side times
            "frontend_arrival_s", "tokenized_s", "queued_s", "engine_first_token_s",
            "engine_finish_s", "first_token_iter_s", "finish_iter_s")
+    SINK_ROWS = 4096  # request rows handed to ``sink`` at a time
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
             "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens",
             "generated")
@@ -73,6 +74,12 @@ class Recorder:
         # Extra timeseries columns (speculative decoding / LoRA counters):
         # ``on_step_columns(out)`` appends one value to each of them after every step row.
         self.on_step_columns: Callable | None = None
+        # Also hands request rows (raw fields, as they end) and step rows to this callable in
+        # batches, ("rows", {field: values}) and ("steps", {column: values}), e.g.
+        # ``reports.writers.RequestsCsvStream`` (the CSV files written meanwhile).
+        self.sink: Callable[[tuple], None] | None = None
+        self._shipped = 0  # buffered request rows already handed to the sink
+        self._steps_shipped = 0  # buffered step rows already handed to the sink
 
     def add_step_columns(self, names, on_step: Callable) -> list:
         """Add step columns ``names`` (after ``STEP``); ``on_step(out)`` fills them after every
@@ -116,8 +123,30 @@ class Recorder:
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
-        if len(self.request_id) >= self.chunk_rows:
+        n = len(self.request_id)
+        if n >= self.chunk_rows:
             self.flush()
+        elif self.sink is not None and n - self._shipped >= self.SINK_ROWS:
+            self._ship(n)
+
+    def _ship(self, n: int) -> None:
+        import numpy as np
+
+        a = self._shipped
+        rows = {k: np.frombuffer(v, dtype=float)[a:n].copy() for k, v in self.req.items()}
+        rows["request_id"] = self.request_id[a:n]
+        rows["finished_reason"] = self.reason[a:n]
+        rows["error"] = self.error[a:n]
+        self._shipped = n
+        self.sink(("rows", rows))
+
+    def ship_steps(self, n: int) -> None:
+        import numpy as np
+
+        a = self._steps_shipped
+        rows = {k: np.frombuffer(v, dtype=float)[a:n].copy() for k, v in self.step.items()}
+        self._steps_shipped = n
+        self.sink(("steps", rows))
 
     def flush(self) -> None:
         """Hand the buffered rows and samples on; clear the buffers in place (the replicas'
@@ -125,6 +154,9 @@ class Recorder:
         import numpy as np
 
         if self.request_id:
+            if self.sink is not None and self._shipped < len(self.request_id):
+                self._ship(len(self.request_id))
+            self._shipped = 0
             chunk = {k: np.frombuffer(v, dtype=float).copy() for k, v in self.req.items()}
             chunk["request_id"] = np.asarray(self.request_id, dtype=object)
             chunk["finished_reason"] = np.asarray(self.reason, dtype=object)
@@ -167,7 +199,11 @@ class Recorder:
     def flush_steps(self) -> None:
         import numpy as np
 
-        if len(self.step["time_s"]):
+        n = len(self.step["time_s"])
+        if self.sink is not None and self._steps_shipped < n:
+            self.ship_steps(n)
+        self._steps_shipped = 0
+        if n:
             self.steps.add({k: np.frombuffer(v, dtype=float).copy()
                             for k, v in self.step.items()})
             for v in self.step.values():
@@ -179,7 +215,8 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
                  recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0,
-                 max_concurrent_batches: int = 1, async_scheduling: bool = False):
+                 max_concurrent_batches: int = 1, async_scheduling: bool = False,
+                 decode_seconds: Callable[[int, int], float] | None = None):
         self.env = env
         # vLLM executors: max_concurrent_batches = pp, or 2 with async scheduling and pp == 1.
         self.max_concurrent_batches = max_concurrent_batches
@@ -190,6 +227,9 @@ class Replica:
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.step_seconds = step_seconds
+        # Seconds of a decode-only step of (rows, context tokens): the cost model's fast
+        # path for quiet steps (``StepCostModel.decode_step_seconds``), else step_seconds.
+        self._decode_seconds = decode_seconds
         self.rec = recorder
         self.on_finish = on_finish
         self.replica_id = replica_id
@@ -252,12 +292,17 @@ class Replica:
         on_step, rid = rec.on_step, self.replica_id
         itl_e, itl_w, eitl = rec.itl_explicit, rec.itl_weighted, rec.engine_itl_pairs
         on_columns = rec.on_step_columns
+        sink_rows = rec.SINK_ROWS if rec.sink is not None and rec.steps is not None else 1 << 62
 
         def record(out, now: float, dt: float) -> None:
+            """``out``: the step's SchedulerOutput (or a quiet step's ``QuietStep``)."""
             if on_step is not None:  # frontend: client-side token times (before any flush)
                 on_step(rid, out, now, itl_e, itl_w, eitl)
-            if len(c_time) >= limit and rec.steps is not None:
+            n = len(c_time)
+            if n >= limit and rec.steps is not None:
                 rec.flush()
+            elif n - rec._steps_shipped >= sink_rows:
+                rec.ship_steps(n)
             parked = rec.parked
             shape = out.shape
             self.num_steps += 1
@@ -286,8 +331,49 @@ class Replica:
         self.trace.append((out.scheduled_at, out.as_dict(),
                            [r.request_id for r in out.preempted]))
 
+    def _quiet_steps(self) -> Callable[[], int] | None:
+        """The scheduler's ``quiet_steps`` when its steps are vLLM's as ``Scheduler`` makes
+        them (a subclass replacing the step's decisions runs every step through them)."""
+        from servesim.simulator.scheduler import Scheduler
+
+        sched = self.scheduler
+        cls = type(sched)
+        if not isinstance(sched, Scheduler) or any(
+                getattr(cls, name) is not getattr(Scheduler, name)
+                for name in ("schedule", "update_from_output", "_try_fast_running",
+                             "_schedule_waiting", "_build_shape", "quiet_steps",
+                             "quiet_step")):
+            return None
+        return sched.quiet_steps
+
+    def _quiet_seconds(self) -> Callable[[], float]:
+        """Seconds of the scheduler's next quiet step (decode group only): what
+        ``step_seconds`` gives that step's ``BatchShape``."""
+        sched = self.scheduler
+        if self._decode_seconds is not None:
+            decode_seconds = self._decode_seconds
+
+            def seconds() -> float:
+                return decode_seconds(len(sched._group), sched._ctx_sum)
+            return seconds
+        from servesim.costmodels.batch import BatchShape
+
+        shape = BatchShape()  # reused: the cost model only reads it
+        step_seconds = self.step_seconds
+
+        def seconds() -> float:
+            nd, shape.decode_context_sum, shape.decode_context_max = sched.quiet_shape()
+            shape.num_decode = shape.num_sampled = nd
+            return step_seconds(shape)
+        return seconds
+
     def _run(self):
-        """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update."""
+        """``EngineCore.step`` loop: schedule → execute (the cost model's seconds) → update.
+
+        Speed: a step that ends before any other event is due advances the clock here, without
+        a SimPy event; runs of *quiet* steps (``Scheduler.quiet_steps``: the decode group
+        alone, nothing to admit) are applied back to back (``Scheduler.quiet_step``), each
+        exactly as a scheduled step, while no other event is due first."""
         if self.max_concurrent_batches > 1:
             yield from self._run_batch_queue()
             return
@@ -300,10 +386,38 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
+        quiet = self._quiet_steps()
+        quiet_seconds = self._quiet_seconds() if quiet is not None else None
         while True:
             if not sched.has_requests():
                 yield from self._idle()
                 continue
+            if quiet is not None and quiet():
+                ran = False
+                peek = env.peek()
+                while sched.quiet_blocks_ok():
+                    now = env.now
+                    dt = quiet_seconds()
+                    end = now + dt  # (where env.timeout(dt) would land)
+                    if end >= peek:
+                        break
+                    env._now = end
+                    out, finished = sched.quiet_step(end, dt, itl_w)
+                    out.scheduled_at = now
+                    if self.trace is not None:
+                        self._trace(out)
+                    self.busy_seconds += dt
+                    record(out, end, dt)
+                    for r in finished:
+                        on_finish(r)
+                    if self._aborts:
+                        self._apply_aborts()
+                    ran = True
+                    if not quiet():
+                        break
+                    peek = env.peek()
+                if ran:
+                    continue
             out = sched.schedule()
             if out.total_num_scheduled_tokens == 0:
                 if out.preempted:  # blocks were freed: vLLM's next step() schedules again
@@ -316,7 +430,11 @@ class Replica:
             if self.trace is not None:
                 self._trace(out)
             dt = step_seconds(out.shape)
-            yield env.timeout(dt)
+            end = env.now + dt
+            if end < env.peek():  # no other event first: advance the clock here
+                env._now = end
+            else:
+                yield env.timeout(dt)
             now = env.now
             self.busy_seconds += dt
             finished = sched.update_from_output(out, now, dt, itl_e, itl_w)
@@ -336,18 +454,71 @@ class Replica:
         once (``update_from_output(defer=True)``: the next ``schedule()`` sees them as vLLM's
         output placeholders); what vLLM learns only when the batch returns — which requests
         stopped — is applied then (``finish_pending``), freeing their blocks and seats one
-        batch later than synchronous scheduling does."""
+        batch later than synchronous scheduling does.
+
+        Speed, as in :meth:`_run`: a batch that returns before any other event is due does so
+        without a SimPy event, and quiet steps (one batch in flight) are scheduled and the
+        batch in flight returned back to back."""
         env = self.env
         sched = self.scheduler
         itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
-        inflight: deque = deque()  # (out, end, seconds, requests whose stop is pending)
+        quiet = self._quiet_steps()
+        quiet_seconds = self._quiet_seconds() if quiet is not None else None
+        # (out, end, seconds, requests whose stop is pending, ITL samples, weighted samples)
+        inflight: deque = deque()
         last_end = 0.0  # end of the batch scheduled last
         # speculative decoding: vLLM learns a batch's rejections when it returns
         returned = sched.batch_returned if getattr(sched, "spec", None) is not None else None
         while True:
+            if quiet is not None and len(inflight) == 1:
+                # Quiet steps back to back: schedule the next batch (decode group only, as
+                # schedule() + update_from_output(defer=True) would), then return the batch in
+                # flight, exactly as the loop below does, while no other event is due before
+                # it returns and nothing changes the batch (re-checked every step).
+                ran = False
+                while True:
+                    old = inflight[0]
+                    sched.inflight_seq = sched.kv.inflight_seq = old[0].seq
+                    if not quiet() or not sched.quiet_blocks_ok():
+                        break
+                    now = env.now
+                    o_end = old[1]
+                    t = now + (o_end - now) if o_end > now else now  # where it returns
+                    if t >= env.peek():
+                        break
+                    dt = quiet_seconds()
+                    end = (last_end if last_end > now else now) + dt
+                    b_w: list = []
+                    out, pending = sched.quiet_step(end, end - last_end, b_w, True)
+                    out.scheduled_at = now
+                    if self.trace is not None:
+                        self._trace(out)
+                    last_end = end
+                    self.busy_seconds += dt
+                    inflight.append((out, end, dt, pending, (), b_w))
+                    inflight.popleft()
+                    env._now = t
+                    ran = True
+                    o_out, _, o_dt, o_pending, o_e, o_w = old
+                    if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
+                        self._apply_aborts()
+                    if returned is not None:
+                        returned(o_out)
+                    sched.cache_returned(o_out, o_pending)
+                    if o_pending:
+                        o_pending = sched.finish_pending(o_pending, t)
+                    if o_e:
+                        itl_e.extend(o_e)
+                    if o_w:
+                        itl_w.extend(o_w)
+                    record(o_out, t, o_dt)
+                    for r in o_pending:
+                        on_finish(r)
+                if ran:
+                    continue
             if len(inflight) < 2 and sched.has_requests():
                 seq = inflight[0][0].seq if inflight else -1  # the batch in flight, if any
                 sched.inflight_seq = sched.kv.inflight_seq = seq
@@ -375,8 +546,13 @@ class Replica:
                 yield from self._idle()
                 continue
             out, end, dt, pending, b_e, b_w = inflight.popleft()
-            if end > env.now:
-                yield env.timeout(end - env.now)
+            now = env.now
+            if end > now:
+                t = now + (end - now)  # (where env.timeout(end - now) lands)
+                if t < env.peek():  # no other event first: advance the clock here
+                    env._now = t
+                else:
+                    yield env.timeout(end - now)
             now = env.now
             if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
                 self._apply_aborts()
@@ -435,8 +611,13 @@ class Replica:
             out, start, done = inflight.popleft()
             if out is None:
                 continue
-            if done > env.now:
-                yield env.timeout(done - env.now)
+            now = env.now
+            if done > now:
+                t = now + (done - now)  # (where env.timeout(done - now) lands)
+                if t < env.peek():  # no other event first: advance the clock here
+                    env._now = t
+                else:
+                    yield env.timeout(done - now)
             now = env.now
             finished = sched.update_from_output(out, now, now - start, itl_e, itl_w)
             record(out, now, now - start)

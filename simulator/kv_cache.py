@@ -13,187 +13,380 @@ line references are in the course digest §3:
 - sliding-window models (``SlidingWindowManager``): blocks that fall out of the window are
   freed and replaced by the null block, prefix hits need a window's worth of contiguous cached
   blocks, and admission reserves at most the window's blocks.
+
+Representation (speed; same decisions, ``tests/simulator/test_block_pool.py`` checks it against
+a straightforward per-block implementation): blocks are ints, a request's block table is a list
+of ids (``Request.block_ids``), and work is per request, not per block:
+
+- The free queue is a list of block ids indexed by *position* (positions only grow: a block
+  freed later sits further back). Allocation slices ``n`` ids off the front; a request's free
+  appends its table reversed in one ``extend``. Taking a free block out of the middle (a prefix
+  hit reviving it) leaves a tombstone (-1) that the front skips.
+- Content that another request can hold (workload prefix ids, prompt token ids: the leading
+  ``Request.num_shared_blocks`` blocks) is hashed and indexed eagerly, block by block, as vLLM
+  does: those blocks carry explicit reference counts (``_ref``) and, while free, their
+  position (``_pos``). Content unique to a request can only be hit by the request itself after
+  a preemption (through its previous block table, ``Request.prev_blocks``; under a sliding
+  window the entries that left the window are null blocks there, so it misses those), so it
+  is not hashed at all: a request's first ``num_cached_blocks`` blocks are cached, a freed
+  request's unique blocks occupy a known run of positions, and a block of that run still holds
+  its content iff the front has not passed its position (nor a tombstone replaced it).
+  Evictions of such content are counted per run of cached positions (``_cr``).
+- ``KVCacheBlock`` objects (``pool.blocks``, ``Request.blocks``) are read-only views for tests
+  and tools.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Callable
+from heapq import heappop, heappush
+from operator import itemgetter
 
 from servesim.simulator.request import Request
 
+NULL = 0  # the null block's id
+_TOMB = -1  # a free-queue slot whose block was taken out of the middle
+_first = itemgetter(0)
+
 
 class KVCacheBlock:
-    __slots__ = ("block_hash", "block_id", "is_null", "ref_cnt")
+    """A read-only view of one block: ``block_id``, ``is_null``, ``ref_cnt`` and the
+    ``block_hash`` it is indexed under (None for request-unique content, which is not hashed)."""
 
-    def __init__(self, block_id: int):
+    __slots__ = ("_pool", "block_id", "is_null")
+
+    def __init__(self, pool: BlockPool, block_id: int):
+        self._pool = pool
         self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: int | None = None
-        self.is_null = False
+        self.is_null = block_id == NULL
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._pool.ref_cnt(self.block_id)
+
+    @property
+    def block_hash(self) -> int | None:
+        return self._pool._hash.get(self.block_id)
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
 
 
 class FreeKVCacheBlockQueue:
-    """Free blocks in eviction (LRU) order: O(1) ``popleft``, ``append`` and middle ``remove``.
+    """The free queue as vLLM exposes it (read-only view): count and blocks in eviction order."""
 
-    vLLM hand-rolls a doubly linked list; an ``OrderedDict`` keyed by block id has the same
-    operations and order, implemented in C.
-    """
+    __slots__ = ("_pool",)
 
-    __slots__ = ("_q",)
-
-    def __init__(self, blocks: Iterable[KVCacheBlock]):
-        self._q: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in blocks)
+    def __init__(self, pool: BlockPool):
+        self._pool = pool
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._q)
-
-    def popleft(self) -> KVCacheBlock:
-        return self._q.popitem(last=False)[1]
-
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        pop = self._q.popitem
-        return [pop(last=False)[1] for _ in range(n)]
-
-    def remove(self, block: KVCacheBlock) -> None:
-        del self._q[block.block_id]
-
-    def append(self, block: KVCacheBlock) -> None:
-        self._q[block.block_id] = block
-
-    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
-        q = self._q
-        for b in blocks:
-            q[b.block_id] = b
+        return self._pool._nfree
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        return list(self._q.values())
+        views = self._pool.blocks
+        return [views[b] for b in self._pool.free_ids()]
 
 
 class BlockPool:
     """All KV blocks of one replica, the free queue and the prefix-cache index."""
+
+    track_hits = False  # subclasses that count prefix hits per block (paged_lfu)
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool):
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        # hash -> block, or {block_id: block} when several blocks hold the same content
+        # Free queue: _fq[pos - _base] for absolute positions pos >= _head (front).
+        self._fq: list[int] = list(range(1, num_gpu_blocks))
+        self._base = 0
+        self._head = 0
+        self._nfree = num_gpu_blocks - 1
+        self._tombs: dict[int, bool] = {}  # position -> it lay in a cached run
+        self._tomb_heap: list[int] = []
+        # Runs [start, end) of positions whose (request-unique) blocks hold cached content.
+        self._cr: list[list[int]] = []
+        self._cri = 0
+        # hash -> block id, or {block_id: None} when several blocks hold the same content
         # (vLLM's BlockHashToBlockMap: no dedup, so block ids stay stable).
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock | dict[int, KVCacheBlock]] = {}
-        self.null_block = self.free_block_queue.popleft()
-        self.null_block.is_null = True
-        # Sliding-window block tables hold the null block in place of freed blocks; it is
-        # referenced and released like any block but must never reach 0 (never freed).
-        self.null_block.ref_cnt = 1 << 62
+        self.cached_block_hash_to_block: dict[int, int | dict[int, None]] = {}
+        self._hash: dict[int, int] = {}  # indexed block -> its hash
+        self._ref: dict[int, int] = {}  # indexed block in use -> reference count
+        self._pos: dict[int, int] = {}  # indexed free block -> its position
         self.num_evictions = 0
+        self._views: list[KVCacheBlock] | None = None
+        self.free_block_queue = FreeKVCacheBlockQueue(self)
 
+    # -- views (tests, tools) --------------------------------------------------------------------
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        if self._views is None:
+            self._views = [KVCacheBlock(self, i) for i in range(self.num_gpu_blocks)]
+        return self._views
+
+    @property
+    def null_block(self) -> KVCacheBlock:
+        return self.blocks[NULL]
+
+    def free_ids(self) -> list[int]:
+        """Free block ids in eviction order (front first)."""
+        return [b for b in self._fq[self._head - self._base:] if b >= 0]
+
+    def ref_cnt(self, block_id: int) -> int:
+        if block_id == NULL:
+            return 1 << 62  # referenced by sliding-window tables, never freed
+        r = self._ref.get(block_id)
+        if r is not None:
+            return r
+        return 0 if block_id in set(self.free_ids()) else 1
+
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        b = self.cached_block_id(block_hash)
+        return None if b is None else self.blocks[b]
+
+    def cached_block_id(self, block_hash: int) -> int | None:
+        v = self.cached_block_hash_to_block.get(block_hash)
+        if v is None or type(v) is int:
+            return v
+        return next(iter(v))
+
+    # -- counts ----------------------------------------------------------------------------------
     def get_num_free_blocks(self) -> int:
-        return len(self.free_block_queue._q)
+        return self._nfree
 
     def get_usage(self) -> float:
         """KV-cache usage in [0, 1]: used / (total - null block), vLLM's ``get_usage``."""
-        return 1.0 - len(self.free_block_queue._q) / (self.num_gpu_blocks - 1)
+        return 1.0 - self._nfree / (self.num_gpu_blocks - 1)
 
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
-        v = self.cached_block_hash_to_block.get(block_hash)
-        if v is None or type(v) is KVCacheBlock:
-            return v
-        return next(iter(v.values()))
-
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop ``num_blocks`` from the free queue front, evicting their cached hashes."""
-        q = self.free_block_queue._q
-        if num_blocks > len(q):
+    # -- the free queue --------------------------------------------------------------------------
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Pop ``num_blocks`` from the free queue front, evicting their cached content."""
+        if num_blocks > self._nfree:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        pop = q.popitem
-        ret = [pop(False)[1] for _ in range(num_blocks)]
+        h = self._head
+        end = h + num_blocks
+        th = self._tomb_heap
+        if th and th[0] < end:
+            return self._get_past_tombs(num_blocks)
+        base = self._base
+        ids = self._fq[h - base:end - base]
+        self._head = end
+        self._nfree -= num_blocks
         if self.enable_caching:
-            index = self.cached_block_hash_to_block
-            for block in ret:
-                h = block.block_hash
-                if h is not None:  # _maybe_evict_cached_block, inlined (hot path)
-                    v = index.get(h)
-                    if v is block:
-                        del index[h]
-                    elif v is not None:
-                        self._evict_from_entry(block, h, v)
-                    block.block_hash = None
-                    self.num_evictions += 1
-                block.ref_cnt += 1
-        else:
-            for block in ret:
-                block.ref_cnt += 1
-        return ret
+            cr = self._cr
+            i = self._cri
+            if i < len(cr):
+                run = cr[i]
+                if run[0] < end:
+                    if run[1] > end:  # (common) the popped blocks end inside one cached run
+                        self.num_evictions += end - run[0]
+                        run[0] = end
+                    else:
+                        self._evict_runs(end, ())
+            if self._pos:
+                self._evict_indexed(ids)
+        if end - base > 4096 and (end - base) * 2 > len(self._fq):
+            del self._fq[:end - base]
+            self._base = end
+        return ids
 
-    def _evict_from_entry(self, block: KVCacheBlock, h: int, v) -> None:
-        if type(v) is dict:
-            v.pop(block.block_id, None)
-            if len(v) == 1:
-                self.cached_block_hash_to_block[h] = next(iter(v.values()))
-            elif not v:
-                del self.cached_block_hash_to_block[h]
+    def _get_past_tombs(self, num_blocks: int) -> list[int]:
+        """``get_new_blocks`` when tombstones lie in the way (blocks taken from the middle)."""
+        fq, base, h = self._fq, self._base, self._head
+        end = h + num_blocks
+        th = self._tomb_heap
+        skipped = []
+        while th and th[0] < end:
+            skipped.append(heappop(th))
+            end += 1
+        ids = [b for b in fq[h - base:end - base] if b >= 0]
+        self._head = end
+        self._nfree -= num_blocks
+        if self.enable_caching:
+            cr = self._cr
+            i = self._cri
+            if i < len(cr) and cr[i][0] < end:
+                self._evict_runs(end, skipped)
+            if self._pos:
+                self._evict_indexed(ids)
+        tombs = self._tombs
+        for t in skipped:
+            del tombs[t]
+        if end - base > 4096 and (end - base) * 2 > len(fq):
+            del fq[:end - base]
+            self._base = end
+        return ids
 
-    def _evict(self, block: KVCacheBlock) -> None:
-        """vLLM ``_maybe_evict_cached_block``: drop the block from the hash index."""
-        h = block.block_hash
-        v = self.cached_block_hash_to_block.get(h)
-        if v is block:
-            del self.cached_block_hash_to_block[h]
-        elif v is not None:
-            self._evict_from_entry(block, h, v)
-        block.block_hash = None
-        self.num_evictions += 1
+    def _evict_runs(self, end: int, skipped) -> None:
+        """The front reached position ``end``: cached request-unique content before it is
+        evicted (tombstoned positions ``skipped`` were taken out before, not evicted)."""
+        cr = self._cr
+        i = self._cri
+        n = len(cr)
+        ev = 0
+        while i < n:
+            run = cr[i]
+            s, e = run
+            if s >= end:
+                break
+            if e <= end:
+                ev += e - s
+                i += 1
+            else:
+                ev += end - s
+                run[0] = end
+                break
+        self._cri = i
+        if skipped:
+            tombs = self._tombs
+            ev -= sum(1 for t in skipped if tombs[t])
+        self.num_evictions += ev
+        if i > 1024 and i * 2 > n:
+            del cr[:i]
+            self._cri = 0
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on prefix-hit blocks, reviving free ones from the queue middle."""
-        q = self.free_block_queue._q
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
-                del q[block.block_id]
-            block.ref_cnt += 1
+    def _evict_indexed(self, ids: list[int]) -> None:
+        """Indexed (shareable) content of the popped ``ids`` is evicted."""
+        pos = self._pos
+        for b in [*filter(pos.__contains__, ids)]:
+            del pos[b]
+            self._unindex(b)
+            self.num_evictions += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference each; blocks reaching 0 go to the queue tail, keeping hashes."""
-        q = self.free_block_queue._q
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if not block.ref_cnt:
-                q[block.block_id] = block
-
-    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[int],
-                          num_cached_blocks: int, num_full_blocks: int,
-                          num_shared: int | None = None) -> None:
-        """Mark ``blocks[num_cached_blocks:num_full_blocks]`` cached under their hashes.
-
-        Blocks ``i < num_shared`` (content another request can hold: workload prefix ids,
-        token ids) go into the hash index. Content unique to the request can only ever be hit
-        by the request itself after a preemption; such blocks keep their hash on the block and
-        are found through the request's previous block table (``KVCacheManager``) — the same
-        hits vLLM's index would give, without indexing millions of never-shared blocks.
-        """
+    def _unindex(self, b: int) -> None:
+        """vLLM ``_maybe_evict_cached_block``: drop block ``b`` from the hash index."""
+        h = self._hash.pop(b)
         index = self.cached_block_hash_to_block
-        end_shared = num_full_blocks if num_shared is None else min(num_shared, num_full_blocks)
-        for i in range(num_cached_blocks, num_full_blocks):
-            blk = blocks[i]
-            if blk.is_null:  # out of the sliding window
-                continue
-            h = block_hashes[i]
-            blk.block_hash = h
-            if i < end_shared:
-                v = index.get(h)
-                if v is None:
-                    index[h] = blk
-                elif type(v) is dict:
-                    v[blk.block_id] = blk
-                else:
-                    index[h] = {v.block_id: v, blk.block_id: blk}
+        v = index[h]
+        if type(v) is int:
+            del index[h]
+        else:
+            del v[b]
+            if len(v) == 1:
+                index[h] = next(iter(v))
+
+    def _in_cached_run(self, pos: int) -> bool:
+        cr = self._cr
+        i = bisect_right(cr, pos, lo=self._cri, key=_first) - 1
+        return i >= self._cri and cr[i][1] > pos
+
+    def _take(self, pos: int, cached: bool) -> None:
+        """Take the free block at ``pos`` out of the middle of the queue (tombstone)."""
+        self._fq[pos - self._base] = _TOMB
+        self._tombs[pos] = cached
+        heappush(self._tomb_heap, pos)
+        self._nfree -= 1
+
+    def _append_run(self, ids: list[int], num_cached: int) -> int:
+        """Append ``ids`` (already in eviction order) at the tail; the last ``num_cached`` of
+        them hold cached request-unique content. Returns the position of the first."""
+        fq = self._fq
+        p = self._base + len(fq)
+        fq += ids
+        n = len(ids)
+        self._nfree += n
+        if num_cached > 0:
+            s = p + n - num_cached
+            cr = self._cr
+            if len(cr) > self._cri and cr[-1][1] == s:
+                cr[-1][1] = p + n
+            else:
+                cr.append([s, p + n])
+        return p
+
+    def _free_one(self, b: int) -> None:
+        """Drop one reference on a block at a shareable position (or a sliding-window block)."""
+        r = self._ref.get(b)
+        if r is not None:
+            if r > 1:
+                self._ref[b] = r - 1
+                return
+            del self._ref[b]
+            self._pos[b] = self._base + len(self._fq)
+        self._fq.append(b)
+        self._nfree += 1
+
+    def free_table(self, table: list[int], lo: int, hi: int, num_cached: int,
+                   num_shared: int) -> int:
+        """Free ``table[lo:hi]`` in reverse order (vLLM's ``free_blocks(reversed(...))``):
+        the request-unique part ``[max(lo, num_shared), hi)`` as one run, its first
+        ``num_cached`` table entries cached; then the shareable part block by block. Null
+        entries (sliding window) form a prefix and are skipped. Returns the position that
+        table index 0 would have in the run (index i sits at ``returned - i``)."""
+        while lo < hi and table[lo] == NULL:
+            lo += 1
+        u0 = lo if lo > num_shared else num_shared
+        p = self._base + len(self._fq)
+        if hi > u0:
+            run = table[u0:hi]
+            run.reverse()
+            c = (num_cached if num_cached < hi else hi) - u0 if self.enable_caching else 0
+            p = self._append_run(run, c)
+        pos0 = p + hi - 1  # position of table index i (>= u0): pos0 - i
+        for i in range((hi if hi < num_shared else num_shared) - 1, lo - 1, -1):
+            b = table[i]
+            if b != NULL:
+                self._free_one(b)
+        return pos0
+
+    def survives(self, pos: int) -> bool:
+        """Whether the free block at ``pos`` of a freed request-unique run still holds its
+        content (not yet reached by the front, not taken out)."""
+        return pos >= self._head and pos not in self._tombs
+
+    def revive(self, b: int) -> None:
+        """Take a reference on an indexed block hit by a request (vLLM ``touch``)."""
+        r = self._ref.get(b)
+        if r is not None:
+            self._ref[b] = r + 1
+        else:
+            self._take(self._pos.pop(b), False)
+            self._ref[b] = 1
+
+    def revive_own(self, pos: int) -> None:
+        """Take a request's own surviving cached block at ``pos`` back (its own prefix hit)."""
+        self._take(pos, True)
+
+    def note_hits(self, ids) -> None:
+        """Hook for pools that count prefix hits per block."""
+
+    def cache_block(self, b: int, h: int) -> None:
+        """Index a full block of shareable content (eager, at allocation)."""
+        index = self.cached_block_hash_to_block
+        self._hash[b] = h
+        self._ref[b] = 1
+        v = index.get(h)
+        if v is None:
+            index[h] = b
+        elif type(v) is int:
+            index[h] = {v: None, b: None}
+        else:
+            v[b] = None
+
+    def check(self) -> None:
+        """Internal consistency (tests)."""
+        live = self.free_ids()
+        assert len(live) == self._nfree, (len(live), self._nfree)
+        assert len(set(live)) == len(live), "a block is free twice"
+        assert NULL not in live
+        for pos, cached in self._tombs.items():
+            assert pos >= self._head and self._fq[pos - self._base] == _TOMB
+            assert cached == self._in_cached_run(pos)
+        assert sorted(self._tomb_heap) == sorted(self._tombs)
+        for b, pos in self._pos.items():
+            assert self._fq[pos - self._base] == b and pos >= self._head, b
+            assert b in self._hash and b not in self._ref
+        for b, r in self._ref.items():
+            assert r >= 1 and b in self._hash and b not in self._pos, b
+        assert not (set(self._ref) & set(live))
+        assert set(self._pos) == set(live) & set(self._hash)
+        prev = self._head
+        for s, e in self._cr[self._cri:]:
+            assert prev <= s < e <= self._base + len(self._fq), (s, e)
+            prev = e
 
 
 class PrefixCacheStats:
@@ -224,7 +417,11 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    """vLLM's ``KVCacheManager`` for one full-attention KV-cache group."""
+    """vLLM's ``KVCacheManager`` for one full-attention KV-cache group.
+
+    Block tables are lists of block ids (``Request.block_ids``); ``get_computed_blocks``
+    returns hit block ids, ``allocate_slots`` the new block ids (None when the pool is short).
+    """
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool,
                  max_model_len: int):
@@ -239,19 +436,11 @@ class KVCacheManager:
         # batch in flight; a request that sampled in it has one output vLLM does not know
         # yet, which eager caching must not cover (vLLM caps it at ``request.num_tokens``).
         self.inflight_seq = -1
-
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the request's full blocks within its first ``num_tokens`` tokens
-        (``SingleTypeKVCacheManager.cache_blocks``)."""
-        if not self.enable_caching:
-            return
-        bs = self.block_size
-        num_full = min(num_tokens, request.num_tokens) // bs
-        if num_full > request.num_cached_blocks:
-            hashes = request.ensure_block_hashes(num_full, bs)
-            self.block_pool.cache_full_blocks(request.blocks, hashes, request.num_cached_blocks,
-                                              num_full, request.num_shared_blocks(bs))
-            request.num_cached_blocks = num_full
+        # ``on_cache(request, start, end)``: table entries [start, end) of ``request`` were
+        # cached just now (vLLM ``cache_full_blocks``), request-unique ones included — a KV
+        # connector's write-through stores (cluster/offload.py). While one is set every caching
+        # step is taken when vLLM takes it, none implicitly (``Scheduler._cache_eager``).
+        self.on_cache: Callable[[Request, int, int], None] | None = None
 
     def set_sliding_window(self, window: int, max_num_batched_tokens: int) -> None:
         """Every layer attends over the last ``window`` tokens (Mistral-7B v0.1): vLLM's
@@ -271,9 +460,10 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def get_num_free_blocks(self) -> int:
-        return len(self.block_pool.free_block_queue._q)
+        return self.block_pool.get_num_free_blocks()
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    # -- prefix hits -----------------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Longest prefix hit in full blocks, capped at ``num_tokens - 1`` tokens."""
         if not self.enable_caching:
             return [], 0
@@ -281,61 +471,74 @@ class KVCacheManager:
             return self._sliding_window_hit(request)
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
-        hashes = request.ensure_block_hashes(max_blocks, bs)
         n_shared = request.num_shared_blocks(bs)
-        pool = self.block_pool
-        index = pool.cached_block_hash_to_block
-        computed: list[KVCacheBlock] = []
-        for i in range(min(max_blocks, n_shared)):
-            v = index.get(hashes[i])
-            if v is None:
-                break
-            computed.append(v if type(v) is KVCacheBlock else next(iter(v.values())))
-        else:
+        computed: list[int] = []
+        m = max_blocks if max_blocks < n_shared else n_shared
+        if m:
+            hashes = request.ensure_block_hashes(m, bs)
+            index = self.block_pool.cached_block_hash_to_block
+            for i in range(m):
+                v = index.get(hashes[i])
+                if v is None:
+                    break
+                computed.append(v if type(v) is int else next(iter(v)))
+        if len(computed) == m and request.prev_blocks and max_blocks > m:
             # Past the shareable prefix, only this request's own earlier blocks can match
             # (it was preempted): those that still hold their content are hits.
             prev = request.prev_blocks
-            for i in range(len(computed), min(max_blocks, len(prev))):
-                blk = prev[i]
-                if blk.block_hash != hashes[i]:
+            stop = min(max_blocks, len(prev), request.prev_cached)
+            pos0 = request.prev_pos
+            pool = self.block_pool
+            head, tombs = pool._head, pool._tombs
+            for i in range(m, stop):
+                pos = pos0 - i
+                if pos < head or pos in tombs or prev[i] == NULL:
                     break
-                computed.append(blk)
+                computed.append(prev[i])
         num_hit = len(computed) * bs
         self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
         return computed, num_hit
 
-    def _cached_block(self, request: Request, i: int, hashes: list[int],
-                      n_shared: int) -> KVCacheBlock | None:
-        """Block ``i`` of ``request`` if its content is cached: the hash index for shareable
-        blocks, the request's own previous block table for content unique to it."""
-        if i < n_shared:
-            v = self.block_pool.cached_block_hash_to_block.get(hashes[i])
-            return v if v is None or type(v) is KVCacheBlock else next(iter(v.values()))
+    def _own_block(self, request: Request, i: int) -> int | None:
+        """Entry ``i`` (request-unique content) of the request's previous block table if that
+        block still holds its cached content, else None."""
         prev = request.prev_blocks
-        if i < len(prev) and prev[i].block_hash == hashes[i]:
-            return prev[i]
+        if i < len(prev) and i < request.prev_cached:
+            b = prev[i]
+            if b != NULL:
+                pos = request.prev_pos - i
+                pool = self.block_pool
+                if pos >= pool._head and pos not in pool._tombs:
+                    return b
         return None
 
-    def _sliding_window_hit(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def _sliding_window_hit(self, request: Request) -> tuple[list[int], int]:
         """``SlidingWindowManager.find_longest_cache_hit``: scanning from the right, the first
         run of ceil((window − 1) / block_size) contiguous cached blocks ends the hit (the
         blocks before it are out of the window: null blocks); without such a run, the run of
-        cached blocks at the very start (if any) is the hit."""
+        cached blocks at the very start (if any) is the hit. Shareable blocks are looked up
+        in the hash index, request-unique ones in the request's previous block table (whose
+        out-of-window entries are null blocks: misses)."""
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
-        hashes = request.ensure_block_hashes(max_blocks, bs)
         n_shared = request.num_shared_blocks(bs)
+        hashes = request.ensure_block_hashes(min(max_blocks, n_shared), bs)
         need = -(-(self.sliding_window - 1) // bs)
-        run: list[KVCacheBlock] = []
-        computed: list[KVCacheBlock] | None = None
+        index = self.block_pool.cached_block_hash_to_block
+        run: list[int] = []
+        computed: list[int] | None = None
         for i in range(max_blocks - 1, -1, -1):
-            blk = self._cached_block(request, i, hashes, n_shared)
+            if i < n_shared:
+                v = index.get(hashes[i])
+                blk = v if v is None or type(v) is int else next(iter(v))
+            else:
+                blk = self._own_block(request, i)
             if blk is None:
                 run = []
                 continue
             run.append(blk)
             if len(run) >= need:
-                computed = [self.block_pool.null_block] * i + run[::-1]
+                computed = [NULL] * i + run[::-1]
                 break
         if computed is None:
             computed = run[::-1]
@@ -343,34 +546,91 @@ class KVCacheManager:
         self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
         return computed, num_hit
 
+    def _num_evictable(self, request: Request, hits, start: int = 0) -> int:
+        """Hit blocks ``hits[start:]`` that sit in the free queue (reviving takes them out):
+        indexed ones that are free, and every own (request-unique) hit."""
+        n_shared = request.num_shared_blocks(self.block_size)
+        pos = self.block_pool._pos
+        n = 0
+        for i in range(start, len(hits)):
+            b = hits[i]
+            if b != NULL and (i >= n_shared or b in pos):
+                n += 1
+        return n
+
+    def _touch(self, request: Request, hits, start: int = 0) -> None:
+        """vLLM ``touch`` on ``hits[start:]`` (table indices ``start``...)."""
+        pool = self.block_pool
+        n_shared = request.num_shared_blocks(self.block_size)
+        pos0 = request.prev_pos
+        for i in range(start, len(hits)):
+            b = hits[i]
+            if b == NULL:
+                continue
+            if i < n_shared:
+                pool.revive(b)
+            else:
+                pool.revive_own(pos0 - i)
+        if pool.track_hits:
+            pool.note_hits([b for b in hits[start:] if b != NULL])
+
+    # -- caching ---------------------------------------------------------------------------------
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks within its first ``num_tokens`` tokens
+        (``SingleTypeKVCacheManager.cache_blocks``)."""
+        if not self.enable_caching:
+            return
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        if num_full > request.num_cached_blocks:
+            self._cache(request, num_full)
+
+    def _cache(self, request: Request, num_full: int) -> None:
+        """Entries [num_cached_blocks, num_full) become cached (``cache_full_blocks``): those
+        of shareable content are hashed and indexed (another request may hit them this very
+        step); request-unique ones are cached implicitly by ``num_cached_blocks``."""
+        bs = self.block_size
+        start = request.num_cached_blocks
+        n_shared = request.num_shared_blocks(bs)
+        end = num_full if num_full < n_shared else n_shared
+        if start < end:
+            hashes = request.ensure_block_hashes(end, bs)
+            table = request.block_ids
+            pool = self.block_pool
+            for i in range(start, end):
+                b = table[i]
+                if b != NULL:
+                    pool.cache_block(b, hashes[i])
+        request.num_cached_blocks = num_full
+        if self.on_cache is not None:
+            self.on_cache(request, start, num_full)
+
+    # -- sliding window --------------------------------------------------------------------------
     def _skipped_blocks(self, num_computed_tokens: int) -> int:
         """Whole blocks before the window of the next token (``get_num_skipped_tokens``)."""
         return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
 
-    def _sw_blocks_to_allocate(self, request: Request, num_tokens: int,
-                               hits: list[KVCacheBlock] | tuple, total_computed: int,
-                               admission: bool) -> int:
+    def _sw_blocks_to_allocate(self, request: Request, num_tokens: int, hits,
+                               total_computed: int, admission: bool) -> int:
         """``SingleTypeKVCacheManager.get_num_blocks_to_allocate`` for a sliding window."""
         required = -(-num_tokens // self.block_size)
         if admission and required > self.admission_cap:
             required = self.admission_cap
-        held = len(request.blocks)
+        held = len(request.block_ids)
         if held:  # running: no new prefix hits
             return max(required - held, 0)
         skipped = self._skipped_blocks(total_computed)
         new = max(required - max(skipped, len(hits)), 0)
-        evictable = sum(1 for b in hits[skipped:] if b.ref_cnt == 0 and not b.is_null)
-        return new + evictable
+        return new + self._num_evictable(request, hits, skipped)
 
     def _allocate_slots_sw(self, request: Request, num_new_tokens: int,
                            num_new_computed_tokens: int, hits, num_lookahead_tokens: int,
-                           full_sequence_must_fit: bool) -> list[KVCacheBlock] | None:
+                           full_sequence_must_fit: bool) -> list[int] | None:
         """``allocate_slots`` for a sliding-window model: free the blocks that left the window
         (``remove_skipped_blocks``, done even if the allocation then fails), pad skipped hit
         blocks with the null block, allocate the rest."""
         bs = self.block_size
         pool = self.block_pool
-        blocks = request.blocks
+        blocks = request.block_ids
         hits = hits or ()
         mml = self.max_model_len
         local = request.num_computed_tokens + num_new_computed_tokens
@@ -382,43 +642,40 @@ class KVCacheManager:
                 return None
         need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, mml)
         skip = min(self._skipped_blocks(total_computed), len(blocks))
-        removed = []
-        for i in range(skip - 1, -1, -1):
-            if blocks[i].is_null:
-                break
-            removed.append(blocks[i])
-            blocks[i] = pool.null_block
-        if removed:
-            pool.free_blocks(removed)
+        lo = skip
+        while lo > 0 and blocks[lo - 1] != NULL:
+            lo -= 1
+        if lo < skip:
+            pool.free_table(blocks, lo, skip, request.num_cached_blocks,
+                            request.num_shared_blocks(bs))
+            blocks[lo:skip] = [NULL] * (skip - lo)
         if self._sw_blocks_to_allocate(request, need_slot, hits, local,
                                        False) > pool.get_num_free_blocks():
             return None
         if hits and not blocks:
             skipped = self._skipped_blocks(local)
-            kept = list(hits[skipped:])
-            pool.touch(kept)
-            blocks.extend([pool.null_block] * skipped)
-            blocks.extend(kept)
+            self._touch(request, hits, skipped)
+            blocks.extend([NULL] * skipped)
+            blocks.extend(hits[skipped:])
             if request.num_cached_blocks == 0:
                 request.num_cached_blocks = len(hits)
         n = -(-need_slot // bs) - len(blocks)
         new_blocks = pool.get_new_blocks(n) if n > 0 else []
-        blocks.extend(new_blocks)
+        blocks += new_blocks
+        request.kv_pool = pool
         if self.enable_caching:
             known = request.num_tokens - (request.sched_seq == self.inflight_seq)
             num_full = min(total_computed + num_new_tokens, known) // bs
             if num_full > request.num_cached_blocks:
-                hashes = request.ensure_block_hashes(num_full, bs)
-                pool.cache_full_blocks(blocks, hashes, request.num_cached_blocks, num_full,
-                                       request.num_shared_blocks(bs))
-                request.num_cached_blocks = num_full
+                self._cache(request, num_full)
         return new_blocks
 
+    # -- allocation ------------------------------------------------------------------------------
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       new_computed_blocks: list[int] | None = None,
                        num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> list[KVCacheBlock] | None:
+                       full_sequence_must_fit: bool = False) -> list[int] | None:
         """Make room for ``num_new_tokens`` (+ lookahead); None when the pool is short.
 
         Blocks needed = ceil(min(computed + hits + new + lookahead, max_model_len) / block_size)
@@ -437,11 +694,10 @@ class KVCacheManager:
                                            full_sequence_must_fit)
         bs = self.block_size
         pool = self.block_pool
-        blocks = request.blocks
+        blocks = request.block_ids
         hits = new_computed_blocks or ()
-        # Hit blocks sitting in the free queue leave it when touched: they count too.
-        evictable = sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null) if hits else 0
-        num_free = len(pool.free_block_queue._q)
+        evictable = self._num_evictable(request, hits) if hits else 0
+        num_free = pool._nfree
         if full_sequence_must_fit:
             full = request.num_tokens
             if full > self.max_model_len:
@@ -457,40 +713,57 @@ class KVCacheManager:
         if num_new_blocks + evictable > num_free:
             return None
         if hits:
-            pool.touch(hits)
-            blocks.extend(hits)
+            self._touch(request, hits)
+            blocks += hits
             if request.num_cached_blocks == 0:
                 request.num_cached_blocks = len(hits)
-        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        if new_blocks:
-            blocks.extend(new_blocks)
+        if num_new_blocks > 0:
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            blocks += new_blocks
+        else:
+            new_blocks = []
+        request.kv_pool = pool
         if self.enable_caching:
-            num_tokens_to_cache = num_computed + num_new_tokens
+            num_full = num_computed + num_new_tokens
             known = request.num_tokens - (request.sched_seq == self.inflight_seq)
-            if num_tokens_to_cache > known:  # only tokens vLLM knows (not those in flight)
-                num_tokens_to_cache = known
-            num_full = num_tokens_to_cache // bs
+            if num_full > known:  # only tokens vLLM knows (not those in flight)
+                num_full = known
+            num_full //= bs
             if num_full > request.num_cached_blocks:
-                hashes = request.ensure_block_hashes(num_full, bs)
-                pool.cache_full_blocks(blocks, hashes, request.num_cached_blocks, num_full,
-                                       request.num_shared_blocks(bs))
-                request.num_cached_blocks = num_full
+                if (request.num_cached_blocks < request.num_shared_blocks(bs)
+                        or self.on_cache is not None):
+                    self._cache(request, num_full)
+                else:  # request-unique content: cached implicitly
+                    request.num_cached_blocks = num_full
         return new_blocks
+
+    def append_decode_blocks(self, members: list[Request]) -> None:
+        """One new block for each request of ``members`` (in that order): decode-group members
+        crossing a block boundary (the scheduler caches their content, see
+        ``Scheduler._cache_members`` and ``Scheduler._sync``)."""
+        for r, b in zip(members, self.block_pool.get_new_blocks(len(members))):
+            r.block_ids.append(b)
 
     def free(self, request: Request) -> None:
         """Release a finished or preempted request's blocks, tail first."""
-        blocks = request.blocks
+        blocks = request.block_ids
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            request.prev_pos = self.block_pool.free_table(
+                blocks, 0, len(blocks), request.num_cached_blocks,
+                request.num_shared_blocks(self.block_size))
+            request.prev_cached = request.num_cached_blocks if self.enable_caching else 0
+        else:
+            request.prev_cached = 0
         request.prev_blocks = blocks  # for its own prefix hits if it was preempted
-        request.blocks = []
+        request.block_ids = []
         request.num_cached_blocks = 0
 
     def check_invariants(self) -> None:
-        """free ⟺ ref_cnt == 0 (null block excluded); used by tests."""
-        free_ids = set(self.block_pool.free_block_queue._q)
-        for b in self.block_pool.blocks:
-            if b.is_null:
-                continue
-            assert (b.block_id in free_ids) == (b.ref_cnt == 0), b
-            assert b.ref_cnt >= 0, b
+        """free ⟺ ref_cnt == 0 (null block excluded), and the pool's own bookkeeping; tests."""
+        pool = self.block_pool
+        pool.check()
+        free_ids = set(pool.free_ids())
+        for b in range(1, pool.num_gpu_blocks):
+            ref = pool._ref.get(b, 0 if b in free_ids else 1)
+            assert (b in free_ids) == (ref == 0), pool.blocks[b]
+            assert ref >= 0, pool.blocks[b]

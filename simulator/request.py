@@ -9,7 +9,6 @@ request that is never preempted is scheduled ``prompt_len + max_tokens - 1`` tok
 from __future__ import annotations
 
 import enum
-import hashlib
 
 from servesim.workloads.schema import RequestSpec
 
@@ -41,7 +40,14 @@ def stable_int(s: str | None) -> int:
     """A process-independent 63-bit integer for a string (``hash()`` of str is salted)."""
     if s is None:
         return 0
+    import hashlib
+
     return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little") >> 1
+
+
+_NAN = float("nan")
+_WAITING = RequestStatus.WAITING
+_ROOT_HASH = hash((0, 0))  # the prefix-hash root without LoRA and cache salt
 
 
 class Request:
@@ -55,14 +61,14 @@ class Request:
 
     KV content identity for prefix caching: block ``i`` (``block_size`` tokens) hashes its
     parent's hash with a content key: the workload's ``prefix_block_ids[i]`` when given, else the
-    prompt's token ids when known, else a key unique to this request.
+    prompt's token ids when known; blocks past those hold content unique to the request.
     """
 
     __slots__ = (
         "_n_shared",
         "arrival_time",
         "block_hashes",
-        "blocks",
+        "block_ids",
         "d_computed",
         "d_mark",
         "eos_after",
@@ -72,6 +78,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "index",
+        "kv_pool",
         "last_token_time",
         "max_tokens",
         "num_cached_blocks",
@@ -83,6 +90,8 @@ class Request:
         "num_tokens",
         "prefix_block_ids",
         "prev_blocks",
+        "prev_cached",
+        "prev_pos",
         "prev_token_time",
         "priority",
         "prompt_len",
@@ -97,6 +106,7 @@ class Request:
         "spec_tokens",
         "status",
         "stop_pending",
+        "target",
     )
 
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
@@ -131,28 +141,46 @@ class Request:
         # ``len(spec_token_ids)``), and (batch, rejected, accepted) of the batch in flight.
         self.spec_tokens = 0
         self.spec_inflight: tuple | None = None
-        self.status = RequestStatus.WAITING
-        self.blocks: list = []
+        self.status = _WAITING
+        self.block_ids: list[int] = []  # block table (ids); ``blocks`` gives views
+        self.kv_pool = None  # the BlockPool holding them (for ``blocks``)
         self.num_cached_blocks = 0
         self.block_hashes: list[int] = []
         self.num_cached_tokens = -1
         self.num_preemptions = 0
-        self.first_scheduled_time = float("nan")
-        self.first_token_time = float("nan")
-        self.last_token_time = float("nan")
-        self.prev_token_time = float("nan")  # the token before the last (async delivery)
-        self.finish_time = float("nan")
+        self.first_scheduled_time = _NAN
+        self.first_token_time = _NAN
+        self.last_token_time = _NAN
+        self.prev_token_time = _NAN  # the token before the last (async delivery)
+        self.finish_time = _NAN
         self.prefix_block_ids = spec.prefix_block_ids or ()
         self.prompt_token_ids = spec.prompt_token_ids
-        self.root_hash = hash((stable_int(spec.lora), stable_int(spec.cache_salt)))
+        lora, salt = spec.lora, spec.cache_salt
+        self.root_hash = _ROOT_HASH if lora is None and salt is None else \
+            hash((stable_int(lora), stable_int(salt)))
         self.error = ""
-        self.prev_blocks: list = []
+        # Block table when last freed (a preempted request's own prefix hits): ids, the
+        # free-queue position of index 0 in the freed run (index i at prev_pos - i) and how
+        # many were cached.
+        self.prev_blocks: list[int] = []
+        self.prev_pos = 0
+        self.prev_cached = 0
         self._n_shared = -1
         # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
         self.d_mark = -1
         self.d_computed = 0
         self.run_seq = 0  # position in the scheduler's running order (admission counter)
         self.sched_seq = -2  # the last batch in which a row of it sampled (async caching)
+        self.target = None  # (outputs at which it stops, how): the scheduler's, cached
+
+    @property
+    def blocks(self) -> list:
+        """The block table as ``KVCacheBlock`` views (tests, tools; the engine uses
+        ``block_ids``)."""
+        if self.kv_pool is None:
+            return []
+        views = self.kv_pool.blocks
+        return [views[b] for b in self.block_ids]
 
     # -- prefix-cache content ------------------------------------------------------------------
     def num_shared_blocks(self, block_size: int) -> int:
@@ -166,32 +194,38 @@ class Request:
             self._n_shared = n
         return n
 
-    def ensure_block_hashes(self, num_full_blocks: int, block_size: int) -> list[int]:
-        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks.
+    def ensure_block_hashes(self, num_full_blocks: int, block_size: int,
+                            unique: bool = False) -> list[int]:
+        """Extend ``block_hashes`` to cover the first ``num_full_blocks`` full blocks of
+        shareable content (at most ``num_shared_blocks``: content unique to the request is
+        not hashed, only the request itself can hit it, see ``kv_cache``), or all of them with
+        ``unique`` (sliding window).
 
         Shareable blocks chain ``hash((parent_hash, content))`` from a root that folds in the
         LoRA id and cache salt (vLLM's extra keys). Blocks of content unique to this request
-        get distinct negative ids ``~(index << 32 | i)`` (no other request can match them).
-        """
+        get distinct negative ids ``~(index << 32 | i)`` (no other request can match them)."""
         hashes = self.block_hashes
         i = len(hashes)
-        if i >= num_full_blocks:
-            return hashes
         n_shared = self.num_shared_blocks(block_size)
-        if i < n_shared:
-            parent = hashes[-1] if hashes else self.root_hash
-            ids = self.prefix_block_ids
-            n_ids = len(ids)
-            toks = self.prompt_token_ids
-            while i < num_full_blocks and i < n_shared:
-                if i < n_ids:
-                    key = ids[i]
-                else:
-                    key = tuple(toks[i * block_size:(i + 1) * block_size])
-                parent = hash((parent, key))
-                hashes.append(parent)
-                i += 1
-        if i < num_full_blocks:
+        n = n_shared if n_shared < num_full_blocks else num_full_blocks
+        if i >= n:
+            if unique and i < num_full_blocks:
+                base = self.index << 32
+                hashes.extend([~(base | j) for j in range(i, num_full_blocks)])
+            return hashes
+        parent = hashes[-1] if hashes else self.root_hash
+        ids = self.prefix_block_ids
+        n_ids = len(ids)
+        toks = self.prompt_token_ids
+        while i < n:
+            if i < n_ids:
+                key = ids[i]
+            else:
+                key = tuple(toks[i * block_size:(i + 1) * block_size])
+            parent = hash((parent, key))
+            hashes.append(parent)
+            i += 1
+        if unique and i < num_full_blocks:
             base = self.index << 32
             hashes.extend([~(base | j) for j in range(i, num_full_blocks)])
         return hashes

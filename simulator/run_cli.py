@@ -49,9 +49,13 @@ def run(
 
     The run folder is checked (writable, new or empty) before simulating and appears complete
     or not at all; Ctrl-C leaves it as it was."""
-    from rich.console import Console
-    from servesim.reports import print_summary, write_run
-    from servesim.reports.writers import OutputDir, write_result
+    from servesim.reports.writers import (
+        REQUESTS_FILE,
+        OutputDir,
+        RequestsCsvStream,
+        write_result,
+        write_run,
+    )
     from servesim.simulator.errors import Interrupted, in_file
     from servesim.simulator.runner import run_experiment
 
@@ -68,10 +72,13 @@ def run(
     outdir = output_dir or Path("results") / f"{Path(config).stem}-{stamp}"
     out = OutputDir(outdir, overwrite=overwrite, what="run")
     result = bench = None
+    # requests.csv and timeseries.csv written meanwhile (None where it cannot fork)
+    stream = RequestsCsvStream.start(out.file(REQUESTS_FILE), cfg.output.timeseries_interval_s)
     try:
         with in_file(config):
-            result = run_experiment(cfg, resolved=True, spool_dir=str(out.staging.parent))
-        bench = write_run(result, out, formats=fmts)
+            result = run_experiment(cfg, resolved=True, spool_dir=str(out.staging.parent),
+                                    request_sink=stream)
+        bench = write_run(result, out, formats=fmts, requests_stream=stream)
         if as_json:  # streamed window by window (per-request lists of a large run)
             write_result(sys.stdout, bench)
             return
@@ -82,10 +89,15 @@ def run(
         raise Interrupted(f"nothing was written to {outdir} (a run folder appears only when "
                           "complete)") from None
     finally:
+        if stream is not None:
+            stream.close()
         out.discard()
         if result is not None:
             result.close()
     if not quiet:
+        from rich.console import Console
+        from servesim.reports.console import print_summary
+
         console = Console()
         print_summary(bench, console)
         console.print(f"Wrote {outdir}/result.json, requests.csv, timeseries.csv, "

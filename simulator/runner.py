@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 import warnings
 from collections.abc import Callable
@@ -28,12 +30,15 @@ MAX_STEP_ROWS = 200_000
 # A single FCFS engine keeps PARK_AFTER_SEQS × max_num_seqs (+64) requests in its waiting
 # queue; later arrivals wait in the client's compact Parked queue (bounded memory).
 PARK_AFTER_SEQS = 2
+# Young-generation threshold of the cyclic GC while simulating (CPython's default is 700).
+GC_THRESHOLD = 50_000
 
 
 def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                    progress: Callable[[int, int | None], None] | None = None,
                    fast_path: bool = True, spool_dir: str | None = None,
-                   cost_model=None) -> RunResult:
+                   cost_model=None,
+                   request_sink: Callable[[tuple], None] | None = None) -> RunResult:
     """Simulate ``cfg`` and return what the run measured.
 
     ``progress(num_done, num_total)`` is called as requests end (``num_total`` may be None).
@@ -42,6 +47,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     ``metrics.EXACT_REQUESTS`` requests spill per-request rows to ``spool_dir`` (default: a
     temporary folder); ``RunResult.close()`` removes them. ``cost_model``: a prebuilt
     ``StepCostModel`` for ``cfg`` (``simulate fit`` reuses one while varying its host terms).
+    ``request_sink`` also receives the raw request rows as requests end (``Recorder.sink``;
+    streamed requests.csv).
     """
     from servesim.costmodels import build_cost_model, plan_memory
     from servesim.workloads import build_workload
@@ -99,6 +106,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     env = simpy.Environment()
     rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
     spec_totals, lora_states = _step_columns(rec, spec_cfg, lora_cfg)
+    rec.sink = request_sink
     replicas: list[Replica] = []
     client_box: list[Client] = []
     fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
@@ -142,10 +150,13 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             sched.enable_lora(LoRAScheduling(lora_cfg, lora_load))
             lora_states.append(sched.lora)
         replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
-                                max_concurrent_batches=batches, async_scheduling=async_sched))
+                                max_concurrent_batches=batches, async_scheduling=async_sched,
+                                decode_seconds=cost.decode_step_seconds))
 
     meta = workload.meta
     control = _client_control(cfg, meta)
+    if request_sink is not None:  # (the columns requests.csv gets)
+        request_sink(("meta", {"client_columns": control is not None}))
     park_after = _park_after(cfg)
     if control is not None and (control["request_timeout_s"] is not None or any(
             st.get("grace_s") is not None for st in control["stages"] or ())):
@@ -170,7 +181,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             # timeout watch) only when it sees it: after the step's output work
             frontend.defer_finish = max_concurrency is not None or control is not None
             frontend.admit, frontend.client_finish = client._arrive, client.on_finish
-        env.run()
+        with _quiet_gc():
+            env.run()
         client.finalize()
     wall = time.perf_counter() - t0
 
@@ -254,10 +266,10 @@ def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:
 def _runs_vllm_loop(sched) -> bool:
     """Whether ``sched`` schedules with vLLM's loops (where the spec-decode and LoRA hooks
     are): a Scheduler that overrides none of them and keeps vLLM's waiting queue."""
-    from servesim.simulator.scheduler import Scheduler, _WaitingQueue
+    from servesim.simulator.scheduler import Scheduler, _FCFSQueue, _PriorityQueue
 
     cls = type(sched)
-    return (isinstance(sched, Scheduler) and type(sched.waiting) is _WaitingQueue
+    return (isinstance(sched, Scheduler) and type(sched.waiting) in (_FCFSQueue, _PriorityQueue)
             and all(getattr(cls, m) is getattr(Scheduler, m) for m in (
                 "schedule", "_schedule_running_exact", "_schedule_waiting", "_clamp",
                 "update_from_output", "_build_shape")))
@@ -296,6 +308,22 @@ def _step_columns(rec: Recorder, spec_cfg, lora_cfg):
 
     cols.extend(rec.add_step_columns(names, on_step))
     return totals, lora_states
+
+
+@contextlib.contextmanager
+def _quiet_gc():
+    """The event loop allocates mostly acyclic, short-lived objects (freed by reference
+    counting): move what exists now out of the collector's way (``gc.freeze``) and collect
+    young objects less often, restoring both afterwards. Measured: ~25% of a saturated run
+    was spent in the cyclic collector traversing long-lived setup objects."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(old[0], GC_THRESHOLD), old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 def _park_after(cfg: ExperimentConfig) -> int | None:

@@ -41,6 +41,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from servesim.costmodels.batch import BatchShape
 from servesim.simulator.kv_cache import KVCacheManager
@@ -123,48 +124,80 @@ class SchedulerOutput:
         return d
 
 
-class _WaitingQueue:
-    """FCFS: a deque (victims are prepended). PRIORITY: a heap ordered as vLLM's
-    ``Request.__lt__``: (priority, arrival_time, request_id) — ids compare as strings."""
+class QuietStep:
+    """A quiet step's batch (``Scheduler.quiet_step``: the decode group alone, one token per
+    member) as the engine's per-step consumers read a :class:`SchedulerOutput`; its counts
+    double as its ``BatchShape``."""
 
-    def __init__(self, priority: bool):
-        self.priority = priority
-        self._dq: deque[Request] = deque()
+    __slots__ = ("group_members", "num_decode", "num_group", "num_sampled", "num_tokens",
+                 "scheduled_at", "seq", "total_num_scheduled_tokens")
+
+    fast = True
+    advanced = False
+    scheduled = ()
+    sampled = ()
+    preempted = ()
+    num_spec_tokens = 0
+    spec_decoding_stats = None
+    as_dict = SchedulerOutput.as_dict
+
+    def __init__(self, n: int, seq: int):
+        self.num_decode = self.num_group = self.num_sampled = self.num_tokens = n
+        self.total_num_scheduled_tokens = n
+        self.seq = seq
+        self.scheduled_at: float | None = None
+        self.group_members: list[Request] | None = None
+
+    @property
+    def shape(self) -> QuietStep:
+        return self
+
+
+class _FCFSQueue(deque):
+    """FCFS waiting queue: a deque (victims are prepended); ``len`` and membership in C."""
+
+    add_request = deque.append
+    prepend_request = deque.appendleft
+    pop_request = deque.popleft
+
+    def peek_request(self) -> Request:
+        return self[0]
+
+
+class _PriorityQueue:
+    """PRIORITY waiting queue: a heap ordered as vLLM's ``Request.__lt__``:
+    (priority, arrival_time, request_id) — ids compare as strings."""
+
+    def __init__(self):
         self._heap: list[tuple[int, float, str, int, Request]] = []
 
     def __len__(self) -> int:
-        return len(self._heap) if self.priority else len(self._dq)
+        return len(self._heap)
 
     def add_request(self, req: Request) -> None:
-        if self.priority:
-            heapq.heappush(self._heap,
-                           (req.priority, req.arrival_time, req.request_id, req.index, req))
-        else:
-            self._dq.append(req)
+        heapq.heappush(self._heap,
+                       (req.priority, req.arrival_time, req.request_id, req.index, req))
 
-    def prepend_request(self, req: Request) -> None:
-        if self.priority:
-            self.add_request(req)
-        else:
-            self._dq.appendleft(req)
+    prepend_request = add_request
 
     def peek_request(self) -> Request:
-        return self._heap[0][4] if self.priority else self._dq[0]
+        return self._heap[0][4]
 
     def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)[4] if self.priority else self._dq.popleft()
+        return heapq.heappop(self._heap)[4]
 
     def __contains__(self, req: Request) -> bool:
-        if self.priority:
-            return any(e[4] is req for e in self._heap)
-        return req in self._dq
+        return any(e[4] is req for e in self._heap)
 
     def remove(self, req: Request) -> None:
-        if self.priority:
-            self._heap = [e for e in self._heap if e[4] is not req]
-            heapq.heapify(self._heap)
-        else:
-            self._dq.remove(req)
+        self._heap = [e for e in self._heap if e[4] is not req]
+        heapq.heapify(self._heap)
+
+
+def _WaitingQueue(priority: bool):  # (a factory where a class used to be)
+    """FCFS: a deque (victims are prepended). PRIORITY: a heap ordered as vLLM's
+    ``Request.__lt__``: (priority, arrival_time, request_id) — ids compare as strings."""
+    return _PriorityQueue() if priority else _FCFSQueue()
 
 
 class Scheduler:
@@ -211,10 +244,17 @@ class Scheduler:
         self._group: dict[Request, None] = {}
         self._partials: list[Request] = []  # running requests not in the group, in order
         self._alloc_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
+        # Members cached step by step, by step mod block_size: those whose decode fills blocks
+        # of shareable content (a session's prefix ids run on into its output), every member
+        # when the KV cache has a write-through hook (``_cache_eager``); the others' unique
+        # blocks are cached implicitly (``_sync``).
         self._cache_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
         self._finish_at: dict[int, list[Request]] = {}
         self._ctx_sum = 0  # Σ (num_computed + 1) over members at step _k
-        self._ctx_heap: list[tuple[int, int, int, Request]] = []
+        # (-context offset, index, join step, join number, member): the join number breaks
+        # ties between a retried request's attempts (same index) that join at the same step
+        self._ctx_heap: list[tuple[int, int, int, int, Request]] = []
+        self._num_joins = 0
         self._last_fast_end = float("nan")
         self._prev_fast_end = float("nan")  # (consecutive fast steps are consecutive batches)
         # Speculative decoding and multi-LoRA (simulator/spec_decode.py, lora.py): None when
@@ -318,10 +358,15 @@ class Scheduler:
     # Decode group bookkeeping
     def _target_outputs(self, req: Request) -> tuple[int, RequestStatus]:
         """Outputs after which ``req`` stops, and how (EOS is checked before length)."""
-        cap = min(req.max_tokens, self.max_model_len - req.prompt_len)
-        if req.eos_after is not None and req.eos_after <= cap:
-            return req.eos_after, RequestStatus.FINISHED_STOPPED
-        return cap, RequestStatus.FINISHED_LENGTH_CAPPED
+        t = req.target
+        if t is None:
+            cap = min(req.max_tokens, self.max_model_len - req.prompt_len)
+            if req.eos_after is not None and req.eos_after <= cap:
+                t = req.eos_after, RequestStatus.FINISHED_STOPPED
+            else:
+                t = cap, RequestStatus.FINISHED_LENGTH_CAPPED
+            req.target = t
+        return t
 
     def _join(self, req: Request) -> None:
         """Add a running request that is exactly one token behind to the decode group."""
@@ -332,7 +377,8 @@ class Scheduler:
         req.d_computed = c0
         self._group[req] = None
         self._alloc_buckets[(k - c0) % bs].add(req)
-        self._cache_buckets[(k - c0 - self._cache_shift) % bs].add(req)
+        if self._cache_eager(req):
+            self._cache_buckets[(k - c0 - self._cache_shift) % bs].add(req)
         target, _ = self._target_outputs(req)
         fin = k + target - req.num_output_tokens - 1
         lst = self._finish_at.get(fin)
@@ -341,11 +387,17 @@ class Scheduler:
         else:
             lst.append(req)
         self._ctx_sum += c0 + 1
-        heapq.heappush(self._ctx_heap, (k - c0, req.index, k, req))
+        heap = self._ctx_heap
+        self._num_joins += 1
+        heapq.heappush(heap, (k - c0, req.index, k, self._num_joins, req))
+        if len(heap) > 2 * len(self._group) + 64:  # drop entries of members that left
+            self._ctx_heap = [e for e in heap if e[4].d_mark == e[2]]
+            heapq.heapify(self._ctx_heap)
 
     def _sync(self, req: Request) -> None:
         """Materialise a member's counters and take it out of the group."""
         j = self._k - req.d_mark
+        bs = self.block_size
         if j:
             req.num_computed_tokens += j
             req.num_tokens += j
@@ -353,7 +405,16 @@ class Scheduler:
             req.prev_token_time = self._prev_fast_end if j >= 2 else req.last_token_time
             req.last_token_time = self._last_fast_end
             req.sched_seq = self._last_fast_seq
-        bs = self.block_size
+            if self.kv.enable_caching:
+                # Each of those steps cached the blocks its token filled (eager caching at
+                # allocation; vLLM's cache buckets, see ``_cache_members``), up to the tokens
+                # vLLM knew: decode blocks of request-unique content are cached implicitly, so
+                # the count is brought up to what the last of those steps left.
+                shift = self._cache_shift
+                first = req.d_computed + shift  # tokens to cache at the first of those steps
+                nf = (req.num_computed_tokens - 1 + shift) // bs  # ... and at the last
+                if nf > (first - 1) // bs and nf > req.num_cached_blocks:
+                    req.num_cached_blocks = nf
         self._alloc_buckets[(req.d_mark - req.d_computed) % bs].discard(req)
         self._cache_buckets[(req.d_mark - req.d_computed - self._cache_shift) % bs].discard(req)
         self._ctx_sum -= req.num_computed_tokens + 1
@@ -375,11 +436,118 @@ class Scheduler:
     def _group_ctx_max(self) -> int:
         heap = self._ctx_heap
         while heap:
-            neg_off, _, mark, req = heap[0]
+            neg_off, _, mark, _, req = heap[0]
             if req.d_mark == mark:
                 return self._k - neg_off + 1
             heapq.heappop(heap)
         return 0
+
+    # ------------------------------------------------------------------------------------------
+    # Quiet steps (the engine advances several in one event)
+    def quiet_steps(self) -> bool:
+        """Whether the next step is *quiet*: ``schedule()`` would take the fast path with the
+        decode group alone: no partial row (the only partials allowed are requests whose stop
+        is in flight at ``max_tokens``, which vLLM's async scheduler skips), nothing to admit
+        (the waiting queue is empty or the running seats are full, so vLLM's waiting loop
+        stops before looking at it). Free blocks for members crossing a block boundary are
+        checked separately (:meth:`quiet_blocks_ok`). Such a step changes nothing but the
+        group's counters and, at the calendar's steps, finishes members (:meth:`quiet_step`),
+        so the engine may run such steps back to back (``Replica``), re-checking after every
+        step. (Async scheduling: the engine sets ``inflight_seq`` first.)"""
+        if not self._group or not self.fast_path:
+            return False
+        if not (self._cache_shift or self.inflight_seq >= 0):
+            return False  # (schedule() runs the exact loop)
+        for r in self._partials:
+            if r.stop_pending is None or r.num_output_tokens < r.max_tokens:
+                return False
+        if len(self.waiting) and len(self.running) < self.max_num_running_reqs:
+            return False
+        return len(self._group) <= self.max_num_scheduled_tokens
+
+    def quiet_blocks_ok(self) -> bool:
+        """Whether the free blocks cover this quiet step's block-boundary members."""
+        return len(self._alloc_buckets[self._k % self.block_size]) <= \
+            self.kv.get_num_free_blocks()
+
+    def quiet_shape(self) -> tuple[int, int, int]:
+        """(num_decode, decode_context_sum, decode_context_max) of this quiet step's batch."""
+        return len(self._group), self._ctx_sum, self._group_ctx_max()
+
+    def quiet_step(self, end: float, itl_dt: float, itl_weighted: list,
+                   defer: bool = False) -> tuple[QuietStep, list[Request]]:
+        """Apply one quiet step, as ``schedule()`` + ``update_from_output(defer=defer)`` would:
+        members at a block boundary get their block (running order), newly full blocks are
+        cached as the fast path caches them, the step takes its batch number, the group's
+        counters advance, members whose last output this is finish (``defer``: their stop is
+        pending, as in ``update_from_output``); the step ends at ``end``, ``itl_dt`` after
+        the previous output. Returns (the step, as the engine's consumers read a
+        ``SchedulerOutput``; the requests that finished)."""
+        k = self._k
+        bs = self.block_size
+        bucket = self._alloc_buckets[k % bs]
+        if bucket:
+            self.kv.append_decode_blocks(
+                sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket))
+        cache = self._cache_buckets[k % bs]
+        if cache and self.kv.enable_caching:
+            self._cache_members(cache, k)
+        n = len(self._group)
+        out = QuietStep(n, self._seq)
+        if self.record_schedules:
+            out.group_members = sorted(self._group, key=_by_index)
+        # _build_shape
+        self._finished_unreported = False
+        self._seq += 1
+        # update_from_output (the fast path's part; no explicit rows)
+        self._k = k + 1
+        self._ctx_sum += n
+        self._prev_fast_end = self._last_fast_end
+        self._last_fast_end = end
+        self._last_fast_seq = out.seq
+        itl_weighted.append((itl_dt, n))
+        finished: list[Request] = []
+        cal = self._finish_at.pop(k, None)
+        if cal:
+            for req in cal:
+                if req.d_mark < 0:
+                    continue
+                self._sync(req)
+                _, status = self._target_outputs(req)
+                if defer:  # it stays running, explicitly (partials are in running order)
+                    req.stop_pending = status
+                    insort(self._partials, req, key=_by_run_seq)
+                else:
+                    req.status = status
+                finished.append(req)
+            if finished and not defer:
+                self._remove_finished(finished, end)
+        return out, finished
+
+    def _cache_eager(self, req: Request) -> bool:
+        """Whether a member joining the decode group has its newly full blocks cached step by
+        step (cache buckets, :meth:`_cache_members`): while blocks of shareable content remain
+        to be indexed (another request may hit them at once), or for every member when a KV
+        connector stores what is cached (``KVCacheManager.on_cache``). Other members'
+        request-unique blocks are cached implicitly (:meth:`_sync`)."""
+        kv = self.kv
+        return getattr(kv, "on_cache", None) is not None or \
+            req.num_shared_blocks(self.block_size) > req.num_cached_blocks
+
+    def _cache_members(self, cache: set[Request], k: int) -> None:
+        """Step ``k`` of the decode group caches its bucket's members up to the tokens vLLM
+        knows (``_cache_shift``: the last output too with synchronous scheduling, not the one
+        in flight with async scheduling)."""
+        bs = self.block_size
+        kv = self.kv
+        shift = self._cache_shift
+        eager = getattr(kv, "on_cache", None) is not None
+        for r in list(cache):
+            num_full = (r.d_computed + k - r.d_mark + shift) // bs
+            if num_full > r.num_cached_blocks:
+                kv._cache(r, num_full)
+            if not eager and num_full >= r.num_shared_blocks(bs):
+                cache.discard(r)
 
     # ------------------------------------------------------------------------------------------
     def _clamp(self, req: Request, budget: int) -> int:
@@ -411,7 +579,7 @@ class Scheduler:
         need = req.num_computed_tokens + n
         if need > self.max_model_len:
             need = self.max_model_len
-        return -(-need // self.block_size) - len(req.blocks)
+        return -(-need // self.block_size) - len(req.block_ids)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -439,70 +607,72 @@ class Scheduler:
         # Budget: members must not be starved. Sufficient: everything fits, or all partial rows
         # come after every member in ``running`` (then members are served first).
         plan: list[tuple[Request, int]] = []
+        plan_blocks = 0
         if partials:
-            demand = n_group
-            for r in partials:
-                demand += self._clamp(r, 1 << 62)
-            if demand > budget:
-                first = self.running.index(partials[0])
-                if len(self.running) - first != len(partials) or n_group > budget:
+            clamp = self._clamp
+            wants = [clamp(r, 1 << 62) for r in partials]
+            if n_group + sum(wants) > budget:
+                running = self.running
+                # (partials are in running order: they are its tail iff the first is there)
+                if n_group > budget or running[len(running) - len(partials)] is not partials[0]:
                     return False
             left = budget - n_group
-            for r in partials:
+            bs = self.block_size
+            mml = self.max_model_len
+            for r, n in zip(partials, wants):
                 if left <= 0:
                     break
-                n = self._clamp(r, left)
-                if n > 0:
+                if n > 0:  # (_clamp with the budget left: the same, capped by it)
+                    if n > left:
+                        n = left
                     plan.append((r, n))
                     left -= n
+                    need = r.num_computed_tokens + n
+                    nb = -(-(need if need < mml else mml) // bs) - len(r.block_ids)
+                    if nb > 0:
+                        plan_blocks += nb
         elif n_group > budget:
             return False
         # Blocks: all allocations must succeed without preemption.
         k = self._k
         bucket = self._alloc_buckets[k % self.block_size]
-        need = len(bucket)
-        plan_blocks = 0
-        for r, n in plan:
-            nb = self._blocks_needed(r, n)
-            if nb > 0:
-                plan_blocks += nb
-        if need + plan_blocks > self.kv.get_num_free_blocks():
+        if len(bucket) + plan_blocks > self.kv.get_num_free_blocks():
             return False
         # Commit: new blocks are handed out in running order, as the exact loop does (block
         # ids decide where a later free puts which cached block in the LRU queue).
         kv = self.kv
-        pool = kv.block_pool
         if bucket:
             members = sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket)
             if plan_blocks:  # members and partial rows interleave in running order
-                plan_at = {r: n for r, n in plan}
-                for r in sorted(members + [r for r, _ in plan], key=_by_run_seq):
-                    n = plan_at.get(r)
-                    if n is None:
-                        r.blocks.append(pool.get_new_blocks(1)[0])
-                    else:
-                        kv.allocate_slots(r, n)
+                i = 0
+                nm = len(members)
+                for r, n in plan:  # (plan rows are in running order)
+                    seq = r.run_seq
+                    j = i
+                    while j < nm and members[j].run_seq < seq:
+                        j += 1
+                    if j > i:
+                        kv.append_decode_blocks(members[i:j])
+                        i = j
+                    kv.allocate_slots(r, n)
+                if i < nm:
+                    kv.append_decode_blocks(members[i:] if i else members)
             else:
-                for r, blk in zip(members, pool.get_new_blocks(len(members))):
-                    r.blocks.append(blk)
+                kv.append_decode_blocks(members)
+        # Members' newly full blocks of request-unique content are cached implicitly (their
+        # num_cached_blocks is brought up to date when they leave the group, ``_sync``);
+        # shareable ones (sessions) are indexed now, as at any allocation.
         cache = self._cache_buckets[k % self.block_size]
         if cache and kv.enable_caching:
-            bs = self.block_size
-            shift = self._cache_shift
-            for r in cache:
-                num_full = (r.d_computed + k - r.d_mark + shift) // bs
-                if num_full > r.num_cached_blocks:
-                    hashes = r.ensure_block_hashes(num_full, bs)
-                    pool.cache_full_blocks(r.blocks, hashes, r.num_cached_blocks, num_full,
-                                           r.num_shared_blocks(bs))
-                    r.num_cached_blocks = num_full
+            self._cache_members(cache, k)
         out.num_group = n_group
         total = n_group
-        allocated = bool(bucket) and plan_blocks
+        allocated = bucket and plan_blocks
+        scheduled = out.scheduled
         for r, n in plan:
             if not allocated:
                 kv.allocate_slots(r, n)
-            out.scheduled.append((r, n, r.num_computed_tokens))
+            scheduled.append((r, n, r.num_computed_tokens))
             total += n
         out.total_num_scheduled_tokens = total
         if self.record_schedules:
@@ -903,8 +1073,7 @@ def _by_index(r: Request) -> int:
     return r.index
 
 
-def _by_run_seq(r: Request) -> int:
-    return r.run_seq
+_by_run_seq = attrgetter("run_seq")
 
 
 def _priority_key(r: Request) -> tuple:

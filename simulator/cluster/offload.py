@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from servesim.simulator.kv_cache import NULL
 from servesim.simulator.request import Request
 
 
@@ -228,22 +229,21 @@ class OffloadConnector:
         self.load_seconds = 0.0
         self.loading = 0  # requests waiting for a load
         self._queried: set[int] = set()  # requests whose lookup was counted (once each)
-        pool = instance.kv.block_pool
-        self._cache_full_blocks = pool.cache_full_blocks
-        pool.cache_full_blocks = self._on_blocks_full  # write-through hook
+        instance.kv.on_cache = self._on_blocks_full  # write-through hook
 
     # -- stores --------------------------------------------------------------------------------
-    def _on_blocks_full(self, blocks, block_hashes, num_cached_blocks, num_full_blocks,
-                        num_shared=None):
-        self._cache_full_blocks(blocks, block_hashes, num_cached_blocks, num_full_blocks,
-                                num_shared)
+    def _on_blocks_full(self, req: Request, num_cached_blocks: int, num_full_blocks: int):
+        """GPU blocks [num_cached_blocks, num_full_blocks) of ``req`` were just cached (vLLM
+        ``cache_full_blocks``, request-unique content included)."""
         f = self.factor
         first = -(-num_cached_blocks // f)  # offloaded blocks completed by this call
         last = num_full_blocks // f
         if last <= first:
             return
+        block_hashes = req.ensure_block_hashes(num_full_blocks, self.bs, unique=True)
+        table = req.block_ids
         keys = [block_hashes[i * f + f - 1] for i in range(first, last)
-                if not blocks[i * f + f - 1].is_null]
+                if table[i * f + f - 1] != NULL]
         if not keys or not self.tier.num_blocks:
             return
         now = self.env.now
@@ -264,7 +264,7 @@ class OffloadConnector:
         start = num_computed // obs
         if n_off - start < 1:
             return None
-        hashes = req.ensure_block_hashes(n_off * f, self.bs)
+        hashes = req.ensure_block_hashes(n_off * f, self.bs, unique=True)
         keys = [hashes[i * f + f - 1] for i in range(n_off)]
         now = self.env.now
         tier = self.tier
@@ -340,14 +340,7 @@ def finish_load(inst, sched, req: Request) -> None:
     """``_update_waiting_for_remote_kv``: cache the arrived blocks, recompute the last token
     of a full hit, and put the request back at the head of the waiting queue."""
     kv = sched.kv
-    bs = kv.block_size
-    if kv.enable_caching:
-        num_full = min(req.num_computed_tokens, req.num_tokens) // bs
-        if num_full > req.num_cached_blocks:
-            hashes = req.ensure_block_hashes(num_full, bs)
-            kv.block_pool.cache_full_blocks(req.blocks, hashes, req.num_cached_blocks,
-                                            num_full, req.num_shared_blocks(bs))
-            req.num_cached_blocks = num_full
+    kv.cache_blocks(req, req.num_computed_tokens)
     if req.num_computed_tokens >= req.num_tokens:
         req.num_computed_tokens = req.num_tokens - 1
     inst.replica.requeue(req)

@@ -106,7 +106,8 @@ class Instance:
         self._on_finish = on_finish
         self.replica = ClusterReplica(env, sched, cost.step_seconds, rec, self._finished, index,
                                       max_concurrent_batches=batches,
-                                      async_scheduling=async_sched)
+                                      async_scheduling=async_sched,
+                                      decode_seconds=cost.decode_step_seconds)
 
     # -- what routers read ---------------------------------------------------------------------
     @property
@@ -395,7 +396,10 @@ def run_cluster(cfg, *, progress: Callable[[int, int | None], None] | None = Non
             decode_latency_s=cl.decode_router.decision_latency_s, max_model_len=mml,
             num_gpu_blocks=min_blocks, block_size=block_size, max_request_blocks=per_req,
             max_concurrency=cfg.workload.max_concurrency, on_progress=cb, park_after=None)
-        env.run()
+        from servesim.simulator.runner import _quiet_gc
+
+        with _quiet_gc():
+            env.run()
         client.finalize()
     wall = time.perf_counter() - t0
     return _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, wall)

@@ -198,3 +198,14 @@ def test_plain_runs_are_unchanged_by_the_client_control():
 
     b = compute_bench_result(r)
     assert "stages" not in b and "failed_reasons" not in b
+
+
+def test_retried_attempts_joining_the_decode_group_at_the_same_step():
+    """A retry is a fresh Request with its first attempt's index; two attempts of one request
+    in the decode group at once (the first aborted, the second joining at the same step with
+    the same context) used to tie in the group's context heap and crash."""
+    r = run("workload.num_prompts=120", "workload.input_len=1024", "workload.output_len=60",
+            "workload.request_rate=12", "client.request_timeout_s=2", "client.max_retries=1",
+            "scheduler.max_num_seqs=32")
+    reason = r.requests["finished_reason"]
+    assert len(reason) == 120 and (reason == "timeout").any() and (reason == "length").any()
