@@ -129,8 +129,8 @@ class QuietStep:
     member) as the engine's per-step consumers read a :class:`SchedulerOutput`; its counts
     double as its ``BatchShape``."""
 
-    __slots__ = ("group_members", "num_decode", "num_group", "num_sampled", "num_tokens",
-                 "scheduled_at", "seq", "total_num_scheduled_tokens")
+    __slots__ = ("group_members", "num_decode", "num_group", "num_new_tokens", "num_sampled",
+                 "num_tokens", "scheduled_at", "seq", "total_num_scheduled_tokens")
 
     fast = True
     advanced = False
@@ -143,7 +143,7 @@ class QuietStep:
 
     def __init__(self, n: int, seq: int):
         self.num_decode = self.num_group = self.num_sampled = self.num_tokens = n
-        self.total_num_scheduled_tokens = n
+        self.num_new_tokens = self.total_num_scheduled_tokens = n
         self.seq = seq
         self.scheduled_at: float | None = None
         self.group_members: list[Request] | None = None
