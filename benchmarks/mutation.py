@@ -36,6 +36,12 @@ STAGE = ROOT / ".mutation"
 
 # The tests that pin each module (paths relative to the repository root). Kept focused so a
 # run takes minutes; the whole suite would give the same score, much more slowly.
+_CORE_TESTS = [f"tests/simulator/{f}.py" for f in (
+    "test_differential", "test_conformance", "test_conformance_v022", "test_rules",
+    "test_properties", "test_block_pool", "test_engine", "test_quiet_steps", "test_spec_decode",
+    "test_lora", "test_client_control", "test_frontend", "test_metrics_units")] + [
+    "tests/policies"]
+
 TESTS: dict[str, list[str]] = {
     "simulator/metrics.py": ["tests/simulator/test_metrics_units.py",
                              "tests/oracles/test_metric_oracles.py",
@@ -55,9 +61,11 @@ TESTS: dict[str, list[str]] = {
                                  "tests/oracles/test_statistics.py",
                                  "tests/plan/test_search.py"],
     "reports/ab.py": ["tests/oracles/test_statistics.py", "tests/sweeps/test_ab_stats.py"],
-    # ready for later (the scheduler rewrite): differential + conformance tests
-    "simulator/scheduler.py": ["tests/simulator", "tests/policies"],
-    "simulator/kv_cache.py": ["tests/simulator", "tests/policies"],
+    # differential (independent vLLM reference), conformance, worked traces, properties and
+    # the engine tests; not the CLI, fit and shipped-config tests (slow, and they pin nothing
+    # of the scheduler's decisions the others do not)
+    "simulator/scheduler.py": _CORE_TESTS,
+    "simulator/kv_cache.py": _CORE_TESTS,
 }
 
 # Lines matching these regexes are not mutated (whole statements starting on them): messages
