@@ -197,10 +197,16 @@ def test_peak_output_tokens_from_generation_counter(make_result):
     assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 15.0
 
 
-def test_sweep_line_touching_intervals_do_not_overlap():
-    assert _max_concurrent(np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == 1
-    assert _max_concurrent(np.array([0.0, 0.5]), np.array([1.0, 2.0])) == 2
-    assert _max_concurrent(np.array([]), np.array([])) == 0
+def test_max_concurrent_requests_counts_per_second_as_vllm():
+    # vLLM's buckets: [0, 1] and [1, 2] share second 1; [1, 2] and [2, 3] share second 2
+    assert _max_concurrent(np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0]), 0.0) == 2
+    # back to back within one second: both count in second 0 (never simultaneous)
+    assert _max_concurrent(np.array([0.1, 0.5]), np.array([0.4, 0.9]), 0.1) == 2
+    # buckets from t0 = 0.5: [0.5, 1.4] → 0; [1.6, 2.2] → 1; [1.4, 1.45] → 0 (0.9 < 1)
+    assert _max_concurrent(np.array([0.5, 1.6, 1.4]), np.array([1.4, 2.2, 1.45]), 0.5) == 2
+    assert _max_concurrent(np.array([0.5, 1.6]), np.array([1.4, 2.2]), 0.5) == 1
+    assert _max_concurrent(np.array([0.0, 0.5]), np.array([1.0, 2.0]), 0.0) == 2
+    assert _max_concurrent(np.array([]), np.array([]), 0.0) == 0
 
 
 def test_client_queue_times_under_max_concurrency(make_result):
