@@ -575,12 +575,6 @@ class Scheduler:
             cap -= inf[1]
         return cap if n > cap else n
 
-    def _blocks_needed(self, req: Request, n: int) -> int:
-        need = req.num_computed_tokens + n
-        if need > self.max_model_len:
-            need = self.max_model_len
-        return -(-need // self.block_size) - len(req.block_ids)
-
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_scheduled_tokens
