@@ -118,6 +118,12 @@ SCENARIOS = {
     "fe_closed_loop": ["workload.num_prompts=40", "workload.max_concurrency=4",
                        "workload.input_len=200", "workload.output_len=16",
                        "workload.range_ratio=0.9"],
+    # pipeline parallelism (2 stages): batches overlap, advanced at schedule time with
+    # literal placeholders, updated when they return
+    "pipeline": [ENGINE_ONLY, "parallel.pipeline_parallel_size=2", "workload.num_prompts=30",
+                 "workload.request_rate=30", "workload.input_len=200",
+                 "workload.output_len=20", "workload.range_ratio=0.8",
+                 "scheduler.max_num_batched_tokens=512"],
     # the frontend with recompute preemptions and synchronous scheduling
     "fe_preemption": ["workload.num_prompts=12", "workload.input_len=96",
                       "workload.output_len=60", "workload.range_ratio=0.5",
@@ -289,12 +295,16 @@ class Oracle:
         self.preemptions = np.array([tap.preemptions[i] for i in ids])
         # every request of these runs is sent and finishes after exactly output_len tokens
         self.done = self.out == np.array([s.output_len for s in specs])
-        # a batch runs from its schedule() call or the previous batch's end, whichever is later
+        # a batch starts at its schedule() call or when the first pipeline stage is free,
+        # whichever is later; it holds each of the pp stages for 1/pp of its latency (pp = 1:
+        # the previous batch's end)
+        pp = run.cfg.parallel.pipeline_parallel_size
         self.batch_start = []
-        prev = 0.0
+        free = 0.0
         for b in tap.batches:
-            self.batch_start.append(max(b.scheduled_at, prev))
-            prev = b.end
+            start = max(b.scheduled_at, free)
+            self.batch_start.append(start)
+            free = start + (b.end - start) / pp
         fe = run.result.frontend.get("params") if run.frontend else None
         self.fe = fe
         self._client_side(run, fe)
@@ -605,7 +615,12 @@ def test_timeseries_rows_are_the_batches(run):
     dur = floats(ts["step_seconds"])
     close(end, [b.end for b in tap.batches], "batch end times")
     close(end - dur, o.batch_start, "batch start times")
-    assert (np.diff(end) > 0).all() and (end[1:] - dur[1:] >= end[:-1] - 1e-12).all()
+    if run.cfg.parallel.pipeline_parallel_size == 1:  # one batch on the GPU at a time
+        assert (np.diff(end) > 0).all() and (end[1:] - dur[1:] >= end[:-1] - 1e-12).all()
+    else:  # pipeline stages: a batch starts before the previous one returns, and returns in
+        # order (a short batch behind a long one returns with it)
+        assert (np.diff(end) >= 0).all() and (np.diff(end) == 0).any()
+        assert (end[1:] - dur[1:] < end[:-1] - 1e-12).sum() >= len(end) // 2
     tok = floats(ts["step_tokens"])
     assert tok.tolist() == [float(b.num_tokens) for b in tap.batches]
     assert floats(ts["num_generated_tokens"]).tolist() == [
@@ -616,7 +631,9 @@ def test_timeseries_rows_are_the_batches(run):
     ends = set(end.tolist())
     assert all(t in ends for i in o.ids for t in tap.tokens[i])
     assert set(o.first_sched.tolist()) <= {b.scheduled_at for b in tap.batches}
-    if not run.cfg.scheduler.async_scheduling:  # synchronous: scheduled when the GPU is free
+    if run.cfg.parallel.pipeline_parallel_size > 1:
+        pass  # scheduled while a stage is free (start checked above)
+    elif not run.cfg.scheduler.async_scheduling:  # synchronous: scheduled when the GPU is free
         close([b.scheduled_at for b in tap.batches], o.batch_start, "sync schedule = start")
     else:  # async: batch k+1 is scheduled while batch k runs (two in flight)
         assert sum(b.scheduled_at < s for b, s in zip(tap.batches, o.batch_start)) > \
@@ -628,6 +645,9 @@ def _state_at_returns(run):
     schedules the next batch after recording the returned one) and the requests finished by
     then (stops are applied when the batch with the last token returns, before the record)."""
     tap, o = run.tap, run.oracle
+    if run.cfg.parallel.pipeline_parallel_size > 1:
+        pytest.skip("pipeline parallelism: the tap sees a batch when it returns, not when it "
+                    "is scheduled (the scheduled-by-then sets are not observable here)")
     last = {rid: ks[-1] for rid, ks in tap.token_batches.items()}
     for r, k in enumerate(tap.returns):
         scheduled = [j for j, b in enumerate(tap.batches) if b.returned_before <= r]
