@@ -28,12 +28,17 @@ servesim file sees what the default ``vllm bench serve`` writes):
   is ``queue_s`` in ``requests.csv``.
 - ``max_output_tokens_per_s``: vLLM buckets per-token timestamps by 1 s. servesim has no
   per-token timestamps, so tokens are counted per engine step at the step's end time
-  (``vllm:generation_tokens_total`` differences when the timeseries has that counter, else
-  ``num_decode_reqs`` per step plus one first token per completed request at ``first_token_s``)
-  and bucketed by ``floor(t − t0)`` with ``t0`` the first send of a completed request. Exact
-  when every step is recorded (``output.timeseries_interval_s`` unset).
-- ``max_concurrent_requests``: exact sweep line over ``[send_s, finish_s)`` of completed
-  requests (a finish and a send at the same instant do not overlap).
+  (``num_generated_tokens``: the tokens the step sampled, first tokens and a recompute's
+  first token after a preemption included; timeseries of older runs: the differences of
+  ``vllm:generation_tokens_total`` when present, else ``num_decode_reqs`` per step plus one
+  first token per completed request at ``first_token_s``) and bucketed by ``floor(t − t0)``
+  with ``t0`` the first send of a completed request. Exact for runs without failed requests
+  when every step is recorded (``output.timeseries_interval_s`` unset) and without a
+  frontend; with one, the client sees a step's tokens ``ipc_s`` + the output work later, so a
+  step ending that close before a second boundary is counted one bucket early.
+- ``max_concurrent_requests``: vLLM's per-second count: each completed request counts in every
+  1-s bucket (since the first send) from its send to its finish, both included; the peak
+  bucket (so it can exceed ``max_concurrency`` when a slot changes hands within a second).
 - Detailed arrays (``save_detailed``): seconds; ``ttfts``/``latencies`` are 0.0 for failed
   requests (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
   per request come from ``result.request_itls`` when the engine provides it, else ``null``.
@@ -244,18 +249,23 @@ def _take(parts: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _max_concurrent(start: np.ndarray, end: np.ndarray, presorted: bool = False) -> int:
-    """Peak number of overlapping ``[start, end)`` intervals: the count just after each start
-    (#starts <= s minus #ends <= s; an end and a start at the same instant do not overlap).
-    Two sorts, no lexsort: 16 bytes per interval."""
+def _max_concurrent(start: np.ndarray, end: np.ndarray, t0: float,
+                    presorted: bool = False) -> int:
+    """vLLM 0.22.1's ``max_concurrent_requests``: requests are bucketed by whole seconds since
+    ``t0`` (the first send), each counted in every bucket from ``int(start − t0)`` to
+    ``int(end − t0)`` inclusive (active at any moment of that second); the peak bucket. The
+    count only rises at a start bucket b, where it is #(start buckets ≤ b) − #(end buckets
+    < b). Two sorts, no per-second array: 32 bytes per request."""
     if len(start) == 0:
         return 0
     s, e = (start, end) if presorted else (np.sort(start), np.sort(end))
+    sb = np.floor(s - t0)  # sorted (a monotone map of sorted times)
+    eb = np.floor(e - t0)
     best = 0
-    for lo in range(0, len(s), 1 << 20):
-        blk = s[lo:lo + (1 << 20)]
-        started = np.searchsorted(s, blk, side="right")
-        ended = np.searchsorted(e, blk, side="right")
+    for lo in range(0, len(sb), 1 << 20):
+        blk = np.unique(sb[lo:lo + (1 << 20)])
+        started = np.searchsorted(sb, blk, side="right")
+        ended = np.searchsorted(eb, blk, side="left")
         best = max(best, int(np.max(started - ended)))
     return best
 
@@ -267,7 +277,10 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
     read window by window, keeping only per-bucket counts)."""
     steps = result.steps or {}
     times = np.asarray(steps.get("time_s", []), dtype=float)
-    if "vllm:generation_tokens_total" in steps:
+    if "num_generated_tokens" in steps:
+        tokens = np.asarray(steps["num_generated_tokens"], dtype=float)
+        first, firsts = np.zeros(0), iter(())
+    elif "vllm:generation_tokens_total" in steps:
         cum = np.asarray(steps["vllm:generation_tokens_total"], dtype=float)
         tokens = np.diff(cum, prepend=0.0)
         first, firsts = np.zeros(0), iter(())
@@ -565,7 +578,7 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     starts, ends = _take(sends), _take(finishes)
     starts.sort()  # in place: 16 bytes per completed request, the one O(n) step here
     ends.sort()
-    bench["max_concurrent_requests"] = _max_concurrent(starts, ends, presorted=True)
+    bench["max_concurrent_requests"] = _max_concurrent(starts, ends, t0, presorted=True)
     del starts, ends
     bench["rtfx"] = 0.0
     counters0 = result.counters or {}

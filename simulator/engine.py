@@ -43,7 +43,8 @@ class Recorder:
            "engine_finish_s", "first_token_iter_s", "finish_iter_s")
     SINK_ROWS = 4096  # request rows handed to ``sink`` at a time
     STEP = ("time_s", "step_seconds", "step_tokens", "running", "waiting", "kv_usage",
-            "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens")
+            "preemptions", "prefix_queries", "prefix_hits", "num_decode", "prefill_tokens",
+            "generated")
 
     def __init__(self, log=None, itl=None, steps=None, chunk_rows: int | None = None):
         from servesim.simulator.metrics import CHUNK_ROWS, Distribution, RequestLog
@@ -285,7 +286,7 @@ class Replica:
         c_time, c_dt, c_tok = cols["time_s"], cols["step_seconds"], cols["step_tokens"]
         c_run, c_wait, c_kv = cols["running"], cols["waiting"], cols["kv_usage"]
         c_pre, c_q, c_h = cols["preemptions"], cols["prefix_queries"], cols["prefix_hits"]
-        c_nd, c_pt = cols["num_decode"], cols["prefill_tokens"]
+        c_nd, c_pt, c_gen = cols["num_decode"], cols["prefill_tokens"], cols["generated"]
         usage = kv.block_pool.get_usage
         rec, limit = self.rec, self.rec.chunk_rows
         on_step, rid = rec.on_step, self.replica_id
@@ -320,6 +321,7 @@ class Replica:
             c_h.append(stats.hits)
             c_nd.append(shape.num_decode)
             c_pt.append(shape.num_tokens - shape.num_decode - shape.num_spec_tokens)
+            c_gen.append(out.num_new_tokens)
             if on_columns is not None:
                 on_columns(out)
 

@@ -334,8 +334,9 @@ class Frontend:
         """After an engine step that ended at ``now``: the output work of its tokens on each
         API server, the client's first-token times, and inter-token gaps as the client sees
         them (the engine's gaps move to ``engine_itl`` as (value, count) pairs)."""
-        shape = out.shape
-        n_tok = shape.num_sampled if shape is not None else 0
+        # tokens the step generated: vLLM's output processor detokenizes new tokens only
+        # (no output for a mid-prefill chunk's logits row, accepted drafts + 1 per row)
+        n_tok = out.num_new_tokens
         if not n_tok:
             return
         p = self.p

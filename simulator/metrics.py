@@ -54,6 +54,7 @@ STEP_COLUMNS = (
     "vllm:prefix_cache_hits_total",
     "num_decode_reqs",
     "num_prefill_tokens",
+    "num_generated_tokens",  # tokens sampled in the step (first tokens included)
 )
 
 # Raw per-request fields the engine records (floats), then the three string fields.

@@ -344,7 +344,7 @@ class StepSampler:
     (seconds, tokens, decodes, prefill tokens) summed over the interval, and ``time_s`` =
     the interval's end. The open interval is carried across chunks as one pre-summed row."""
 
-    SUMS = ("step_seconds", "step_tokens", "num_decode", "prefill_tokens")
+    SUMS = ("step_seconds", "step_tokens", "num_decode", "prefill_tokens", "generated")
 
     def __init__(self, interval: float | None):
         self.interval = interval

@@ -80,6 +80,7 @@ class SchedulerOutput:
         "fast",
         "group_members",
         "num_group",
+        "num_new_tokens",
         "preempted",
         "sampled",
         "sampling",
@@ -108,6 +109,10 @@ class SchedulerOutput:
         self.seq = -1  # schedule() call number (set by _build_shape)
         # Requests of ``scheduled`` that got a token, in row order (set by update_from_output)
         self.sampled: list[Request] | None = None
+        # Tokens this step generated (first tokens and decode-group members included; with
+        # speculative decoding accepted + 1 per row): vLLM's iteration num_generation_tokens
+        # (set by update_from_output)
+        self.num_new_tokens = 0
         # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output)
         self.spec_decoding_stats = None
 
@@ -124,8 +129,8 @@ class QuietStep:
     member) as the engine's per-step consumers read a :class:`SchedulerOutput`; its counts
     double as its ``BatchShape``."""
 
-    __slots__ = ("group_members", "num_decode", "num_group", "num_sampled", "num_tokens",
-                 "scheduled_at", "seq", "total_num_scheduled_tokens")
+    __slots__ = ("group_members", "num_decode", "num_group", "num_new_tokens", "num_sampled",
+                 "num_tokens", "scheduled_at", "seq", "total_num_scheduled_tokens")
 
     fast = True
     advanced = False
@@ -138,7 +143,7 @@ class QuietStep:
 
     def __init__(self, n: int, seq: int):
         self.num_decode = self.num_group = self.num_sampled = self.num_tokens = n
-        self.total_num_scheduled_tokens = n
+        self.num_new_tokens = self.total_num_scheduled_tokens = n
         self.seq = seq
         self.scheduled_at: float | None = None
         self.group_members: list[Request] | None = None
@@ -570,12 +575,6 @@ class Scheduler:
             cap -= inf[1]
         return cap if n > cap else n
 
-    def _blocks_needed(self, req: Request, n: int) -> int:
-        need = req.num_computed_tokens + n
-        if need > self.max_model_len:
-            need = self.max_model_len
-        return -(-need // self.block_size) - len(req.block_ids)
-
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_scheduled_tokens
@@ -881,6 +880,7 @@ class Scheduler:
         spec = self.spec
         stats = spec.new_stats() if spec is not None else None
         sampled = out.sampled = []
+        new_tokens = out.num_group if out.fast else 0
         for req, n, c in out.scheduled:
             req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
@@ -908,6 +908,7 @@ class Scheduler:
                     if s else None
             req.num_tokens += num_new
             req.num_output_tokens += num_new
+            new_tokens += num_new
             if stats is not None:
                 stats.num_generation_tokens += num_new
             if req.first_token_time != req.first_token_time:
@@ -924,6 +925,7 @@ class Scheduler:
                     req.status = status
                 finished.append(req)
         out.spec_decoding_stats = stats
+        out.num_new_tokens = new_tokens
         if finished and not defer:
             self._remove_finished(finished, now)
         # Requests now exactly one token behind join the decode group.
@@ -1046,6 +1048,7 @@ class Scheduler:
                 req.num_output_placeholders -= 1
             req.num_tokens += 1
             req.num_output_tokens += 1
+            out.num_new_tokens += 1
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
             else:

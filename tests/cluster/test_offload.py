@@ -94,3 +94,30 @@ def test_cpu_bytes_accepts_units():
     assert parse_bytes(1024) == 1024
     with pytest.raises(ValueError):
         parse_bytes("8 parsecs")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_write_through_stores_every_full_block_once_fast_or_exact(tmp_path, async_scheduling):
+    """Unique prompts with long decodes: the write-through stores each request's full blocks
+    as they fill, decode blocks included: Σ floor((prompt + output − 1) / 16) blocks (the last
+    output is never computed), each once; the decode-group fast path stores exactly what the
+    per-request loop stores, in the same order (same CPU hits and request rows)."""
+    rows = [f"{0.05 * i:.2f},{40 + 23 * i},{50 + 7 * i}," for i in range(12)]
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len,prefix_block_ids\n" + "\n".join(rows)
+                     + "\n")
+    tree = {"model": {"name": "llama-3.1-8b", "max_model_len": 1024},
+            "hardware": {"name": "h100-sxm"},
+            "cache": {"block_size": 16, "kv_offload": {"cpu_bytes": "4GiB"}},
+            "scheduler": {"async_scheduling": async_scheduling},
+            "workload": {"kind": "trace", "path": str(trace)}}
+    cfg = resolve_config(validate_tree(tree, "test"))
+    fast = run_experiment(cfg, resolved=True)
+    exact = run_experiment(cfg, resolved=True, fast_path=False)
+    want = sum((40 + 23 * i + 50 + 7 * i - 1) // 16 for i in range(12))
+    assert exact.extras["cpu_offload_stored_blocks"] == want
+    for k in ("cpu_offload_stored_blocks", "cpu_offload_blocks", "cpu_prefix_cache_hits",
+              "cpu_prefix_cache_queries"):
+        assert fast.extras[k] == exact.extras[k], k
+    for k in ("output_len", "num_cached_tokens", "first_token_s", "finish_s"):
+        assert list(fast.requests[k]) == list(exact.requests[k]), k

@@ -8,6 +8,7 @@ from the module docstring's definitions.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import shutil
 import warnings
@@ -201,7 +202,8 @@ def test_decode_attention_from_the_table(tmp_path):
 
 
 def test_mixed_batch_shares_one_kernel_floor(tmp_path):
-    d = doc(decode_attention=DEC, prefill_attention=PRE)
+    # a deep copy: the rows are edited below, DEC/PRE are shared by other tests
+    d = copy.deepcopy(doc(decode_attention=DEC, prefill_attention=PRE))
     m = model_with(tmp_path, d)
     b = BatchShape(num_decode=4, decode_context_sum=4 * 2048, decode_context_max=2048,
                    prefill_new_tokens=(1024, 512), prefill_context=(0, 0), num_sampled=5)

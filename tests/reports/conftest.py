@@ -66,6 +66,9 @@ def build_result(*, reasons=None, n_extra_inflight: int = 0, send=None, meta=Non
         "vllm:prefix_cache_hits_total": np.array([0, 0, 16, 16, 16] + [48] * 5),
         "num_decode_reqs": decode,
         "num_prefill_tokens": np.array([100, 0, 200, 0, 50, 0, 300, 0, 0, 0]),
+        # every step samples one token: a decode token or a first token (r0 .5, r1 .8,
+        # r2 1.0, r3 1.4)
+        "num_generated_tokens": np.ones(k, dtype=np.int64),
     }
     result = RunResult(
         config=cfg,

@@ -173,23 +173,40 @@ def test_goodput(make_result, slo, good):
 
 def test_peak_output_tokens_and_concurrency(make_result):
     b = bench_of(make_result)
-    # 1-s buckets: [0,1) first .5 .8 + decode .7 .9 = 4; [1,2) 1.0 1.4 + 1.1 1.5 1.7 = 5
+    # 1-s buckets of num_generated_tokens (one per step): [0,1) .5 .7 .8 .9 = 4; [1,2) 1.0 1.1
+    # 1.4 1.5 1.7 = 5
     assert b["max_output_tokens_per_s"] == 5.0
+    r = make_result()
+    r.steps["num_generated_tokens"] = np.array([1, 1, 1, 1, 2, 1, 1, 1, 1, 7])
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 7.0  # [2,3)
+    # timeseries without it: decode rows per step + first tokens of completed requests
+    # [0,1) first .5 .8 + decode .7 .9 = 4; [1,2) 1.0 1.4 + 1.1 1.5 1.7 = 5
+    del r.steps["num_generated_tokens"]
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 5.0
+    r.steps["num_decode_reqs"] = np.array([0, 1, 0, 1, 0, 1, 0, 1, 1, 6])
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 6.0
     # [0,1.1) [.2,.8) [.5,2.5) [1,1.7): three at t=.5 and at t=1.0
     assert b["max_concurrent_requests"] == 3
 
 
 def test_peak_output_tokens_from_generation_counter(make_result):
     r = make_result()
+    del r.steps["num_generated_tokens"]  # a timeseries from before that column
     r.steps["vllm:generation_tokens_total"] = np.cumsum([1, 1, 1, 1, 1, 1, 1, 1, 1, 1]) * 3
     # 3 tokens per step: [0,1) has 4 steps, [1,2) 5 steps, [2,3) 1 step
     assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 15.0
 
 
-def test_sweep_line_touching_intervals_do_not_overlap():
-    assert _max_concurrent(np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])) == 1
-    assert _max_concurrent(np.array([0.0, 0.5]), np.array([1.0, 2.0])) == 2
-    assert _max_concurrent(np.array([]), np.array([])) == 0
+def test_max_concurrent_requests_counts_per_second_as_vllm():
+    # vLLM's buckets: [0, 1] and [1, 2] share second 1; [1, 2] and [2, 3] share second 2
+    assert _max_concurrent(np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0]), 0.0) == 2
+    # back to back within one second: both count in second 0 (never simultaneous)
+    assert _max_concurrent(np.array([0.1, 0.5]), np.array([0.4, 0.9]), 0.1) == 2
+    # buckets from t0 = 0.5: [0.5, 1.4] → 0; [1.6, 2.2] → 1; [1.4, 1.45] → 0 (0.9 < 1)
+    assert _max_concurrent(np.array([0.5, 1.6, 1.4]), np.array([1.4, 2.2, 1.45]), 0.5) == 2
+    assert _max_concurrent(np.array([0.5, 1.6]), np.array([1.4, 2.2]), 0.5) == 1
+    assert _max_concurrent(np.array([0.0, 0.5]), np.array([1.0, 2.0]), 0.0) == 2
+    assert _max_concurrent(np.array([]), np.array([]), 0.0) == 0
 
 
 def test_client_queue_times_under_max_concurrency(make_result):

@@ -67,26 +67,113 @@ def test_timeout_aborts_a_request_mid_decode_and_frees_its_blocks(fast_path):
 
 @pytest.mark.parametrize("fast_path", [True, False])
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_scheduling):
-    """Steps of 0.1 s, a 1.05 s timeout: tokens come at 0.1, 0.2, ..., so the client holds 10
-    when it gives up. Under async scheduling the engine's counters already include the
-    batches in flight (tokens due at 1.1 and 1.2); they are not the client's. The abort
-    reaches the engine at the next batch boundary, which frees the blocks."""
+@pytest.mark.parametrize("timeout", [0.05, 0.15, 0.25, 0.35, 0.45, 1.05])
+def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_scheduling,
+                                                             timeout):
+    """Steps of 0.1 s: tokens come at 0.1, 0.2, ..., so a client giving up at ``timeout``
+    holds floor(timeout / 0.1) of them (none before the first: no first-token time), in
+    every phase of the decode group (the request joins it after its first token; its
+    counters are implicit from then on). Under async scheduling the engine's counters
+    already include the batches in flight (the next two tokens); they are not the
+    client's. The abort reaches the engine at the next batch boundary, which frees the
+    blocks."""
     env, kv, sched, rec, rep, box = _engine(step=0.1, fast_path=fast_path,
                                             async_scheduling=async_scheduling)
     specs = [RequestSpec(arrival_s=0.0, prompt_len=16, output_len=100, request_id="slow")]
     client = Client(env, specs, [rep], rec, max_model_len=4096, num_gpu_blocks=200,
-                    block_size=16, max_concurrency=None, control={"request_timeout_s": 1.05})
+                    block_size=16, max_concurrency=None, control={"request_timeout_s": timeout})
     box.append(client)
     env.run()
     client.finalize()
     rec.flush()
     rows = rec.log.all_rows()
     assert rows["finished_reason"][0] == "timeout"
-    assert rows["output_len"][0] == 10
-    assert rows["first_token_s"][0] == pytest.approx(0.1)
-    assert rows["finish_s"][0] == pytest.approx(1.05)
+    assert rows["output_len"][0] == int(timeout * 10)
+    if timeout < 0.1:
+        assert math.isnan(rows["first_token_s"][0])
+    else:
+        assert rows["first_token_s"][0] == pytest.approx(0.1)
+    assert rows["finish_s"][0] == pytest.approx(timeout)
     assert not sched.has_unfinished_requests() and kv.get_num_free_blocks() == 199
+
+
+def _timeout_run(fast_path: bool, async_scheduling: bool, monkeypatch=None):
+    """40 requests of mixed lengths, arriving over 0.4 s into a 16-seat engine whose step time
+    grows with its tokens, and a 0.3 s client timeout: requests time out while waiting, in
+    prefill, just after their first token and deep in decode (in and out of the decode
+    group). With ``monkeypatch``: the engine time of every token (exact loop only)."""
+    rng = np.random.default_rng(7)
+    env = simpy.Environment()
+    kv = KVCacheManager(400, 16, True, 4096)
+    sched = Scheduler(SchedulerParams(max_num_seqs=16, max_num_batched_tokens=256,
+                                      max_model_len=4096, block_size=16,
+                                      async_scheduling=async_scheduling), kv,
+                      fast_path=fast_path)
+    rec = Recorder()
+    box = []
+    rep = Replica(env, sched, lambda shape: 0.004 + 2e-5 * shape.num_tokens, rec,
+                  lambda r: box[0].on_finish(r), async_scheduling=async_scheduling)
+    specs = [RequestSpec(arrival_s=float(t), prompt_len=int(p), output_len=int(o),
+                         request_id=f"r{i}")
+             for i, (t, p, o) in enumerate(zip(np.sort(rng.uniform(0, 0.4, 40)),
+                                              rng.integers(8, 300, 40),
+                                              rng.integers(1, 120, 40)))]
+    tokens: dict[str, list[float]] = {}
+    if monkeypatch is not None:
+        orig = Scheduler.update_from_output
+
+        def tap(self, out, now, *a, **k):
+            before = [(r, r.num_output_tokens) for r, _, _ in out.scheduled]
+            res = orig(self, out, now, *a, **k)
+            for r, k0 in before:
+                tokens.setdefault(r.request_id, []).extend([now] * (r.num_output_tokens - k0))
+            return res
+
+        monkeypatch.setattr(Scheduler, "update_from_output", tap)
+    client = Client(env, specs, [rep], rec, max_model_len=4096, num_gpu_blocks=400,
+                    block_size=16, max_concurrency=None, control={"request_timeout_s": 0.3})
+    box.append(client)
+    env.run()
+    client.finalize()
+    rec.flush()
+    rows = rec.log.all_rows()
+    assert not sched.has_unfinished_requests() and kv.get_num_free_blocks() == 399
+    order = np.argsort(rows["index"])
+    return {k: v[order] for k, v in rows.items()}, specs, tokens
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_timeouts_keep_the_tokens_delivered_by_the_deadline(async_scheduling, monkeypatch):
+    """By definition (exact loop, every token's engine time tapped): a request that times
+    out at send + 0.3 s keeps the tokens whose batches ended by then (the batches in flight
+    are not the client's), its first-token time only if it got one; the decode-group fast
+    path (implicit counters) reports exactly the same rows."""
+    rows, specs, tokens = _timeout_run(False, async_scheduling, monkeypatch)
+    reasons = rows["finished_reason"].tolist()
+    assert 10 <= reasons.count("timeout") <= 30 and "length" in reasons
+    got_some = 0
+    for i, spec in enumerate(specs):
+        times = tokens.get(spec.request_id, [])
+        if reasons[i] == "timeout":
+            deadline = spec.arrival_s + 0.3
+            assert rows["finish_s"][i] == pytest.approx(deadline, abs=1e-12)
+            kept = [t for t in times if t <= deadline]
+            assert rows["output_len"][i] == len(kept), spec.request_id
+            got_some += len(kept) > 0
+            if kept:
+                assert rows["first_token_s"][i] == kept[0]
+            else:
+                assert math.isnan(rows["first_token_s"][i])
+        else:
+            assert rows["output_len"][i] == spec.output_len == len(times)
+            assert rows["first_token_s"][i] == times[0] and rows["finish_s"][i] == times[-1]
+    assert got_some >= 5  # timed out mid-decode, not only while waiting
+    monkeypatch.undo()
+    fast, _, _ = _timeout_run(True, async_scheduling)
+    for k in ("output_len", "first_token_s", "finish_s", "first_scheduled_s",
+              "num_preemptions"):
+        np.testing.assert_array_equal(fast[k], rows[k], err_msg=k)
+    assert fast["finished_reason"].tolist() == reasons
 
 
 def test_finish_requests_removes_waiting_and_running_requests():

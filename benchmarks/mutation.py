@@ -1,0 +1,185 @@
+"""Mutation testing of one servesim module with mutmut (not part of CI: minutes per module).
+
+mutmut derives a mutant's module name from its file path (``simulator/metrics.py`` →
+``simulator.metrics``), while the code is imported as ``servesim.simulator.metrics`` (the
+``package-dir`` mapping). So this script stages a copy of the project in the
+``servesim/<folder>`` layout under ``.mutation/<module>/`` (git-ignored), writes a
+``[tool.mutmut]`` config there and runs mutmut in it; the mutated copies are imported ahead of
+the editable install. Nothing in the working tree is modified.
+
+    python benchmarks/mutation.py simulator/metrics.py            # default tests (TESTS below)
+    python benchmarks/mutation.py costmodels/step.py --tests tests/costmodels
+    python benchmarks/mutation.py workloads/generators.py --survivors   # + diff of each survivor
+    python benchmarks/mutation.py --list                         # modules with default tests
+
+Prints the score (killed / (killed + survived + timeout + no tests)) and writes
+``.mutation/<module>/summary.json`` (counts, survivors with their diffs). Log and error
+message strings are not mutated (``DO_NOT_MUTATE`` patterns below; add ``# pragma: no mutate``
+to a line for anything else that is deliberately untested). Record the score and the reasoning
+for each survivor in ``tests/MUTATION.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("simulator", "costmodels", "kernels", "workloads", "reports", "configs")
+STAGE = ROOT / ".mutation"
+
+# The tests that pin each module (paths relative to the repository root). Kept focused so a
+# run takes minutes; the whole suite would give the same score, much more slowly.
+_CORE_TESTS = [f"tests/simulator/{f}.py" for f in (
+    "test_differential", "test_conformance", "test_conformance_v022", "test_rules",
+    "test_properties", "test_block_pool", "test_engine", "test_quiet_steps", "test_spec_decode",
+    "test_lora", "test_client_control", "test_frontend", "test_metrics_units")] + [
+    "tests/policies"]
+
+TESTS: dict[str, list[str]] = {
+    "simulator/metrics.py": ["tests/simulator/test_metrics_units.py",
+                             "tests/oracles/test_metric_oracles.py",
+                             "tests/reports/test_bench_result.py"],
+    "reports/bench_result.py": ["tests/reports/test_bench_result_units.py",
+                                "tests/reports/test_bench_result.py",
+                                "tests/oracles/test_metric_oracles.py"],
+    "costmodels/step.py": ["tests/costmodels/test_cost_values.py",
+                           "tests/costmodels/test_cost_step.py",
+                           "tests/costmodels/test_cost_calibration.py"],
+    "costmodels/memory.py": ["tests/costmodels/test_cost_values.py",
+                             "tests/costmodels/test_cost_memory.py"],
+    "workloads/generators.py": ["tests/workloads/test_distributions.py",
+                                "tests/workloads/test_random.py",
+                                "tests/workloads/test_synthetic.py"],
+    "simulator/plan/search.py": ["tests/plan/test_search_values.py",
+                                 "tests/oracles/test_statistics.py",
+                                 "tests/plan/test_search.py"],
+    "reports/ab.py": ["tests/oracles/test_statistics.py", "tests/sweeps/test_ab_stats.py"],
+    # differential (independent vLLM reference), conformance, worked traces, properties and
+    # the engine tests; not the CLI, fit and shipped-config tests (slow, and they pin nothing
+    # of the scheduler's decisions the others do not)
+    "simulator/scheduler.py": _CORE_TESTS,
+    "simulator/kv_cache.py": _CORE_TESTS,
+}
+
+# Lines matching these regexes are not mutated (whole statements starting on them): messages
+# for people, whose wording no test should pin.
+DO_NOT_MUTATE = [
+    r"^\s*raise \w+(Error|Exception|Interrupted)?\(",
+    r"warnings\.warn\(",
+    r"\blog(ger)?\.(debug|info|warning|error|exception)\(",
+    r"^\s*(assert) ",
+    r"^\s*print\(",
+    r"^\s*\"\"\"",  # docstrings
+]
+
+
+def stage(module: str, tests: list[str]) -> Path:
+    """A copy of the project in the ``servesim/<folder>`` layout with a mutmut config."""
+    slug = module.removesuffix(".py").replace("/", ".")
+    d = STAGE / slug
+    if d.exists():
+        shutil.rmtree(d)
+    (d / "servesim").mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, d / "servesim" / pkg, ignore=ignore)
+    shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
+    for name in ("README.md",):
+        shutil.copy2(ROOT / name, d / name)
+    # Tests read configs/ at the repository root and compare it with the package's own
+    # (resolved) folder: in mutmut's copy, servesim/configs is a link to a real configs/.
+    (d / "mutants" / "servesim").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", d / "mutants" / "configs", ignore=ignore)
+    os.symlink("../configs", d / "mutants" / "servesim" / "configs")
+    toml = "\n".join([
+        "[tool.mutmut]",
+        'source_paths = ["servesim"]',
+        f'only_mutate = ["servesim/{module}"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        '# README.md is read by a test',
+        'also_copy = ["README.md"]',
+        f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE)}",
+        "timeout_multiplier = 10.0",
+        "timeout_constant = 5.0",
+        "use_git_change_detection = false",
+        "",
+        "[tool.pytest.ini_options]",
+        'testpaths = ["tests"]',
+        'addopts = "-p no:cacheprovider -q -x"',
+        "",
+    ])
+    (d / "pyproject.toml").write_text(toml)
+    return d
+
+
+def mutmut(d: Path, *args: str) -> subprocess.CompletedProcess:
+    # `mutmut run`, not `python -m mutmut`: mutmut must stay the __main__ it was imported as
+    code = "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "-c", code, *args], check=False, cwd=d, env=env,
+                          capture_output=True, text=True)
+
+
+def summarize(d: Path, module: str, with_diffs: bool) -> dict:
+    meta = d / "mutants" / "servesim" / (module + ".meta")
+    data = json.loads(meta.read_text())
+    codes = data["exit_code_by_key"]
+    status = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
+              34: "skipped", 36: "timeout", 37: "caught by type check", None: "not checked",
+              -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
+    by: dict[str, list[str]] = {}
+    for k, v in codes.items():
+        by.setdefault(status.get(v, "suspicious"), []).append(k)
+    killed = len(by.get("killed", [])) + len(by.get("timeout", []))
+    considered = killed + len(by.get("survived", [])) + len(by.get("no tests", []))
+    out = {"module": module, "date": time.strftime("%Y-%m-%d"),
+           "counts": {k: len(v) for k, v in sorted(by.items())},
+           "score": killed / considered if considered else None,
+           "survivors": {}}
+    for name in sorted(by.get("survived", []) + by.get("no tests", [])):
+        out["survivors"][name] = mutmut(d, "show", name).stdout if with_diffs else ""
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("module", nargs="?", help="e.g. simulator/metrics.py")
+    ap.add_argument("--tests", nargs="*", help="pytest paths (default: TESTS[module])")
+    ap.add_argument("--max-children", type=int, default=3)
+    ap.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    ap.add_argument("--list", action="store_true", help="modules with default test lists")
+    a = ap.parse_args()
+    if a.list or not a.module:
+        for m, t in TESTS.items():
+            print(f"{m:32s} {' '.join(t)}")
+        return 0
+    tests = a.tests or TESTS.get(a.module)
+    if not tests:
+        ap.error(f"no default tests for {a.module}: pass --tests")
+    d = stage(a.module, tests)
+    t0 = time.perf_counter()
+    r = mutmut(d, "run", "--max-children", str(a.max_children))
+    (d / "mutmut-run.log").write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        print(r.stdout[-4000:], r.stderr[-4000:], sep="\n")
+        print(f"mutmut run failed (exit {r.returncode}); log: {d / 'mutmut-run.log'}")
+        return 1
+    s = summarize(d, a.module, a.survivors)
+    s["seconds"] = round(time.perf_counter() - t0)
+    (d / "summary.json").write_text(json.dumps(s, indent=1))
+    score = "n/a" if s["score"] is None else f"{100 * s['score']:.1f}%"
+    print(f"{a.module}: score {score}  {s['counts']}  ({s['seconds']} s)")
+    for name, diff in s["survivors"].items():
+        print(diff if a.survivors else f"  survived: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
