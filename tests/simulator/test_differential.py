@@ -236,3 +236,26 @@ def test_pipeline_parallel_matches_vllm_reference(reqs, cfg, pp, async_schedulin
     reschedule an in-flight decode; async PP reschedules decodes every micro-batch through
     output placeholders. (servesim runs PP on the exact loop only.)"""
     run_both(reqs, cfg, fast_paths=(False,), pp=pp, async_scheduling=async_scheduling)
+
+
+# Long decodes among few requests, with arrivals spread out: the decode group runs alone for
+# many steps (quiet steps: several batches back to back without a SimPy event, its members'
+# counters and block calendar implicit), crosses many block boundaries (prefix-cached as they
+# fill, then hit again by a recompute after a preemption in the tiny caches), and requests
+# join and leave it mid-run.
+long_req_st = st.tuples(
+    st.integers(0, 60),
+    st.integers(1, 40),
+    st.integers(20, 90),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.booleans(),
+)
+long_cfg_st = cfg_st.map(lambda c: {**c, "max_model_len": 128, "caching": True})
+
+
+@settings(max_examples=150 * SCALE, **COMMON)
+@given(st.lists(long_req_st, min_size=1, max_size=6), long_cfg_st, st.booleans())
+def test_long_decodes_match_vllm_reference(reqs, cfg, async_scheduling):
+    """Sync and async scheduling on long decodes (quiet steps), fast path and exact loop."""
+    run_both(reqs, cfg, async_scheduling=async_scheduling)
