@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from servesim.simulator import runner
@@ -315,7 +316,7 @@ def test_13_every_table_command_has_json(small_config, tmp_path):
 def test_error_echoing_control_characters_stays_one_line(small_config, tmp_path, name):
     import yaml
 
-    tree = yaml.safe_load(open(small_config))
+    tree = yaml.safe_load(Path(small_config).read_text())
     tree["model"]["name"] = name
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(tree))
