@@ -36,7 +36,8 @@ from reference.vllm_ref import (
     simulate,
 )
 
-SCALE = 20 if os.environ.get("SERVESIM_FUZZ") == "long" else 1
+# SERVESIM_FUZZ=long: 20x the examples (on demand); quick: a fifth (mutation testing)
+SCALE = {"long": 20, "quick": 0.2}.get(os.environ.get("SERVESIM_FUZZ", ""), 1)
 COMMON = {"deadline": None, "derandomize": True, "database": None,
           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
                                     HealthCheck.filter_too_much]}
@@ -187,7 +188,7 @@ SELF_PREEMPT_CFG = {"block_size": 2, "extra_blocks": 0, "chunked": True, "max_nu
                     "caching": True, "max_model_len": 128}
 
 
-@settings(max_examples=1000 * SCALE, **COMMON)
+@settings(max_examples=int(1000 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)
 @example(FREE_ORDER_REQS, FREE_ORDER_CFG)
@@ -198,7 +199,7 @@ def test_sync_matches_vllm_reference(reqs, cfg):
     run_both(reqs, cfg)
 
 
-@settings(max_examples=300 * SCALE, **COMMON)
+@settings(max_examples=int(300 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)  # these three were found without the admission check
 @example(FREE_ORDER_REQS, FREE_ORDER_CFG)
@@ -208,7 +209,7 @@ def test_sync_without_full_isl_reservation(reqs, cfg):
     run_both(reqs, cfg, reserve_full_isl=False)
 
 
-@settings(max_examples=800 * SCALE, **COMMON)
+@settings(max_examples=int(800 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)
 @example(SELF_PREEMPT_REQS, SELF_PREEMPT_CFG)
@@ -226,7 +227,7 @@ FREE_ROWS_CFG = {"block_size": 2, "extra_blocks": 0, "max_num_seqs": 2,
                  "chunked": True, "caching": True, "max_model_len": 128}
 
 
-@settings(max_examples=300 * SCALE, **COMMON)
+@settings(max_examples=int(300 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=10), cfg_st, st.sampled_from([2, 3, 4]),
        st.booleans())
 @example(FREE_ROWS_REQS, FREE_ROWS_CFG, 4, True)
@@ -254,7 +255,7 @@ long_req_st = st.tuples(
 long_cfg_st = cfg_st.map(lambda c: {**c, "max_model_len": 128, "caching": True})
 
 
-@settings(max_examples=150 * SCALE, **COMMON)
+@settings(max_examples=int(150 * SCALE), **COMMON)
 @given(st.lists(long_req_st, min_size=1, max_size=6), long_cfg_st, st.booleans())
 def test_long_decodes_match_vllm_reference(reqs, cfg, async_scheduling):
     """Sync and async scheduling on long decodes (quiet steps), fast path and exact loop."""
