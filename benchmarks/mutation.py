@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -159,10 +161,18 @@ def mutmut(d: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def summarize(d: Path, module: str, with_diffs: bool) -> dict:
+def mutant_names(d: Path, module: str) -> list[str]:
+    meta = d / "mutants" / "servesim" / (module + ".meta")
+    return sorted(json.loads(meta.read_text())["exit_code_by_key"])
+
+
+def summarize(d: Path, module: str, with_diffs: bool, only: list[str] | None = None) -> dict:
+    """Counts and score over every mutant of ``module`` (or the sample ``only``)."""
     meta = d / "mutants" / "servesim" / (module + ".meta")
     data = json.loads(meta.read_text())
     codes = data["exit_code_by_key"]
+    if only is not None:
+        codes = {k: codes.get(k) for k in only}
     status = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
               34: "skipped", 36: "timeout", 37: "caught by type check", None: "not checked",
               -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
@@ -175,6 +185,13 @@ def summarize(d: Path, module: str, with_diffs: bool) -> dict:
            "counts": {k: len(v) for k, v in sorted(by.items())},
            "score": killed / considered if considered else None,
            "survivors": {}}
+    if only is not None and considered:  # a uniform sample: Wilson 95% interval of the score
+        z, p = 1.96, killed / considered
+        c = (p + z * z / (2 * considered)) / (1 + z * z / considered)
+        h = z * math.sqrt(p * (1 - p) / considered + z * z / (4 * considered ** 2)) / (
+            1 + z * z / considered)
+        out["sample"] = {"size": len(only), "of": len(data["exit_code_by_key"]),
+                         "score_95ci": [round(c - h, 4), round(c + h, 4)]}
     for name in sorted(by.get("survived", []) + by.get("no tests", [])):
         out["survivors"][name] = mutmut(d, "show", name).stdout if with_diffs else ""
     return out
@@ -187,6 +204,10 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=3)
     ap.add_argument("--survivors", action="store_true", help="print each survivor's diff")
     ap.add_argument("--list", action="store_true", help="modules with default test lists")
+    ap.add_argument("--sample", type=int, default=0, metavar="N",
+                    help="test a uniform random sample of N mutants (seeded, --seed) and "
+                    "report its score with a 95%% interval (a whole module can take hours)")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true",
                     help="keep the staged mutants and their verdicts: refresh the tests, test "
                     "the mutants not yet decided, then re-test the survivors")
@@ -205,12 +226,20 @@ def main() -> int:
     else:
         d = stage(a.module, tests)
     t0 = time.perf_counter()
-    runs = [("run", "--max-children", str(a.max_children))]
+    only = None
+    if a.sample:
+        if not (d / "mutants" / "servesim" / (a.module + ".meta")).exists():
+            mutmut(d, "run", "--max-children", "1", "no-such-mutant")  # generate the mutants
+        names = mutant_names(d, a.module)
+        only = sorted(random.Random(a.seed).sample(names, min(a.sample, len(names))))
+        runs = [("run", "--max-children", str(a.max_children), *only)]
+    else:
+        runs = [("run", "--max-children", str(a.max_children))]
     if a.resume:  # then the survivors again, against the refreshed tests
         runs.append(None)
     for args in runs:
         if args is None:
-            names = list(summarize(d, a.module, False)["survivors"])
+            names = list(summarize(d, a.module, False, only)["survivors"])
             if not names:
                 break
             args = ("run", "--max-children", str(a.max_children), *names)
@@ -221,10 +250,13 @@ def main() -> int:
             print(r.stdout[-4000:], r.stderr[-4000:], sep="\n")
             print(f"mutmut run failed (exit {r.returncode}); log: {d / 'mutmut-run.log'}")
             return 1
-    s = summarize(d, a.module, a.survivors)
+    s = summarize(d, a.module, a.survivors, only)
     s["seconds"] = round(time.perf_counter() - t0)
     (d / "summary.json").write_text(json.dumps(s, indent=1))
     score = "n/a" if s["score"] is None else f"{100 * s['score']:.1f}%"
+    if only is not None:
+        lo, hi = s["sample"]["score_95ci"]
+        score += f" (sample of {len(only)} / {s['sample']['of']}: 95% CI {100 * lo:.1f}–{100 * hi:.1f}%)"
     print(f"{a.module}: score {score}  {s['counts']}  ({s['seconds']} s)")
     for name, diff in s["survivors"].items():
         print(diff if a.survivors else f"  survived: {name}")
