@@ -11,6 +11,8 @@ the editable install. Nothing in the working tree is modified.
     python benchmarks/mutation.py costmodels/step.py --tests tests/costmodels
     python benchmarks/mutation.py workloads/generators.py --survivors   # + diff of each survivor
     python benchmarks/mutation.py --list                         # modules with default tests
+    python benchmarks/mutation.py simulator/scheduler.py --resume  # continue a stopped run,
+                                                   # then re-test its survivors with new tests
 
 Prints the score (killed / (killed + survived + timeout + no tests)) and writes
 ``.mutation/<module>/summary.json`` (counts, survivors with their diffs). Log and error
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -40,7 +44,7 @@ _CORE_TESTS = [f"tests/simulator/{f}.py" for f in (
     "test_differential", "test_conformance", "test_conformance_v022", "test_rules",
     "test_properties", "test_block_pool", "test_engine", "test_quiet_steps", "test_spec_decode",
     "test_lora", "test_client_control", "test_frontend", "test_metrics_units")] + [
-    "tests/policies"]
+    "tests/policies", "tests/cluster/test_offload.py", "tests/oracles/test_metric_oracles.py"]
 
 TESTS: dict[str, list[str]] = {
     "simulator/metrics.py": ["tests/simulator/test_metrics_units.py",
@@ -106,7 +110,7 @@ def stage(module: str, tests: list[str]) -> Path:
         '# README.md is read by a test',
         'also_copy = ["README.md"]',
         f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE)}",
-        "timeout_multiplier = 10.0",
+        "timeout_multiplier = 4.0",
         "timeout_constant = 5.0",
         "use_git_change_detection = false",
         "",
@@ -119,18 +123,56 @@ def stage(module: str, tests: list[str]) -> Path:
     return d
 
 
+def refresh_tests(d: Path, module: str, tests: list[str]) -> None:
+    """Copy the working tree's tests, the other modules and the module's test selection into
+    a staged run (mutmut collects stats for new tests and keeps every verdict already
+    reached; the mutated module stays as it was staged)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for pkg in PACKAGES:
+        for src in (ROOT / pkg).rglob("*.py"):
+            rel = src.relative_to(ROOT)
+            if rel.as_posix() == module:
+                continue
+            for base in (d / "servesim", d / "mutants" / "servesim"):
+                dest = base / rel
+                if dest.parent.is_dir() and (not dest.exists()
+                                             or dest.read_bytes() != src.read_bytes()):
+                    shutil.copy2(src, dest)
+    for dest in (d / "tests", d / "mutants" / "tests"):
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(ROOT / "tests", dest, ignore=ignore)
+    for toml in (d / "pyproject.toml", d / "mutants" / "pyproject.toml"):
+        if toml.exists():
+            lines = toml.read_text().splitlines()
+            toml.write_text("\n".join(
+                f"pytest_add_cli_args_test_selection = {json.dumps(tests)}"
+                if ln.startswith("pytest_add_cli_args_test_selection") else ln
+                for ln in lines) + "\n")
+
+
 def mutmut(d: Path, *args: str) -> subprocess.CompletedProcess:
     # `mutmut run`, not `python -m mutmut`: mutmut must stay the __main__ it was imported as
     code = "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    # SERVESIM_FUZZ=quick: the hypothesis tests run a fifth of their CI examples (a survivor
+    # runs every selected test; the score is then a slight underestimate of CI's suite)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", SERVESIM_FUZZ="quick")
     return subprocess.run([sys.executable, "-c", code, *args], check=False, cwd=d, env=env,
                           capture_output=True, text=True)
 
 
-def summarize(d: Path, module: str, with_diffs: bool) -> dict:
+def mutant_names(d: Path, module: str) -> list[str]:
+    meta = d / "mutants" / "servesim" / (module + ".meta")
+    return sorted(json.loads(meta.read_text())["exit_code_by_key"])
+
+
+def summarize(d: Path, module: str, with_diffs: bool, only: list[str] | None = None) -> dict:
+    """Counts and score over every mutant of ``module`` (or the sample ``only``)."""
     meta = d / "mutants" / "servesim" / (module + ".meta")
     data = json.loads(meta.read_text())
     codes = data["exit_code_by_key"]
+    if only is not None:
+        codes = {k: codes.get(k) for k in only}
     status = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
               34: "skipped", 36: "timeout", 37: "caught by type check", None: "not checked",
               -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
@@ -143,6 +185,13 @@ def summarize(d: Path, module: str, with_diffs: bool) -> dict:
            "counts": {k: len(v) for k, v in sorted(by.items())},
            "score": killed / considered if considered else None,
            "survivors": {}}
+    if only is not None and considered:  # a uniform sample: Wilson 95% interval of the score
+        z, p = 1.96, killed / considered
+        c = (p + z * z / (2 * considered)) / (1 + z * z / considered)
+        h = z * math.sqrt(p * (1 - p) / considered + z * z / (4 * considered ** 2)) / (
+            1 + z * z / considered)
+        out["sample"] = {"size": len(only), "of": len(data["exit_code_by_key"]),
+                         "score_95ci": [round(c - h, 4), round(c + h, 4)]}
     for name in sorted(by.get("survived", []) + by.get("no tests", [])):
         out["survivors"][name] = mutmut(d, "show", name).stdout if with_diffs else ""
     return out
@@ -155,6 +204,13 @@ def main() -> int:
     ap.add_argument("--max-children", type=int, default=3)
     ap.add_argument("--survivors", action="store_true", help="print each survivor's diff")
     ap.add_argument("--list", action="store_true", help="modules with default test lists")
+    ap.add_argument("--sample", type=int, default=0, metavar="N",
+                    help="test a uniform random sample of N mutants (seeded, --seed) and "
+                    "report its score with a 95%% interval (a whole module can take hours)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the staged mutants and their verdicts: refresh the tests, test "
+                    "the mutants not yet decided, then re-test the survivors")
     a = ap.parse_args()
     if a.list or not a.module:
         for m, t in TESTS.items():
@@ -163,18 +219,44 @@ def main() -> int:
     tests = a.tests or TESTS.get(a.module)
     if not tests:
         ap.error(f"no default tests for {a.module}: pass --tests")
-    d = stage(a.module, tests)
+    slug = a.module.removesuffix(".py").replace("/", ".")
+    d = STAGE / slug
+    if a.resume and (d / "mutants").is_dir():
+        refresh_tests(d, a.module, tests)
+    else:
+        d = stage(a.module, tests)
     t0 = time.perf_counter()
-    r = mutmut(d, "run", "--max-children", str(a.max_children))
-    (d / "mutmut-run.log").write_text(r.stdout + r.stderr)
-    if r.returncode != 0:
-        print(r.stdout[-4000:], r.stderr[-4000:], sep="\n")
-        print(f"mutmut run failed (exit {r.returncode}); log: {d / 'mutmut-run.log'}")
-        return 1
-    s = summarize(d, a.module, a.survivors)
+    only = None
+    if a.sample:
+        if not (d / "mutants" / "servesim" / (a.module + ".meta")).exists():
+            mutmut(d, "run", "--max-children", "1", "no-such-mutant")  # generate the mutants
+        names = mutant_names(d, a.module)
+        only = sorted(random.Random(a.seed).sample(names, min(a.sample, len(names))))
+        runs = [("run", "--max-children", str(a.max_children), *only)]
+    else:
+        runs = [("run", "--max-children", str(a.max_children))]
+    if a.resume:  # then the survivors again, against the refreshed tests
+        runs.append(None)
+    for args in runs:
+        if args is None:
+            names = list(summarize(d, a.module, False, only)["survivors"])
+            if not names:
+                break
+            args = ("run", "--max-children", str(a.max_children), *names)
+        r = mutmut(d, *args)
+        with open(d / "mutmut-run.log", "a") as f:
+            f.write(r.stdout + r.stderr)
+        if r.returncode != 0:
+            print(r.stdout[-4000:], r.stderr[-4000:], sep="\n")
+            print(f"mutmut run failed (exit {r.returncode}); log: {d / 'mutmut-run.log'}")
+            return 1
+    s = summarize(d, a.module, a.survivors, only)
     s["seconds"] = round(time.perf_counter() - t0)
     (d / "summary.json").write_text(json.dumps(s, indent=1))
     score = "n/a" if s["score"] is None else f"{100 * s['score']:.1f}%"
+    if only is not None:
+        lo, hi = s["sample"]["score_95ci"]
+        score += f" (sample of {len(only)} / {s['sample']['of']}: 95% CI {100 * lo:.1f}–{100 * hi:.1f}%)"
     print(f"{a.module}: score {score}  {s['counts']}  ({s['seconds']} s)")
     for name, diff in s["survivors"].items():
         print(diff if a.survivors else f"  survived: {name}")

@@ -109,7 +109,12 @@ def run_cli(argv: list[str] | None = None) -> int:
     import os
 
     from servesim.simulator import progress
-    from servesim.simulator.errors import Interrupted, ServesimError, install_cli_warnings
+    from servesim.simulator.errors import (
+        Interrupted,
+        ServesimError,
+        install_cli_warnings,
+        printable,
+    )
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
@@ -124,12 +129,12 @@ def run_cli(argv: list[str] | None = None) -> int:
         _register_for(args)
         rc = _app(args=args, prog_name="simulate", standalone_mode=False)
     except Interrupted as e:
-        typer.echo(f"interrupted: {e}", err=True)
+        typer.echo(f"interrupted: {printable(e)}", err=True)
         return e.exit_code
     except ServesimError as e:
         if debug:
             raise
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {printable(e)}", err=True)
         return e.exit_code
     except typer.Exit as e:
         return e.exit_code

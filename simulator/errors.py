@@ -37,6 +37,16 @@ def one_line(text: object, limit: int = 200) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def printable(text: object) -> str:
+    """``text`` with control characters and line separators escaped (``\\x1e``, ``\\n``, ...),
+    so a message that echoes user input stays one line on a terminal and in ``splitlines``."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() or c == " " else
+                   c.encode("unicode_escape").decode("ascii") for c in s)
+
+
 def short_repr(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, without building the repr of a huge
     container (a 200,000-element list or a YAML alias bomb is described, not printed)."""

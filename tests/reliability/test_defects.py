@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from servesim.simulator import runner
@@ -305,3 +306,25 @@ def test_13_every_table_command_has_json(small_config, tmp_path):
     o = cli("estimate", small_config, "--batch-size", "4", "--context", "100", "--json")
     assert o.rc == 0 and json.loads(o.out)
 
+
+
+# Found by the long fuzz profile: a config value with a control character (here the record
+# separator, which ``str.splitlines`` breaks on) was echoed raw, splitting the one-line error.
+
+
+@pytest.mark.parametrize("name", ["\x1e", "a\nb", "x\u2028y"])
+def test_error_echoing_control_characters_stays_one_line(small_config, tmp_path, name):
+    import yaml
+
+    tree = yaml.safe_load(Path(small_config).read_text())
+    tree["model"]["name"] = name
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tree))
+    o = cli("validate", cfg)
+    assert o.rc == 2
+    check_contract(o, "model.name")
+    escaped = name.encode("unicode_escape").decode("ascii")
+    assert f"unknown model '{escaped}'" in o.err_lines[0]
+    o = cli("run", f"/tmp/no{name}such.yaml")
+    assert o.rc == 2
+    check_contract(o, f"/tmp/no{escaped}such.yaml")

@@ -5,12 +5,17 @@ resume) and finishes, with and without prefix caching and sliding windows. After
 operation both must agree on every return value, every block table, the free queue's exact
 LRU order, every block's reference count, evictions and prefix-cache statistics."""
 
+import os
+
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from ref_block_pool import RefKVCacheManager
 from servesim.simulator.kv_cache import KVCacheManager
 from servesim.simulator.request import Request
 from servesim.workloads.schema import RequestSpec
+
+# SERVESIM_FUZZ=long: 20x the examples (on demand); quick: a fifth (mutation testing)
+SCALE = {"long": 20, "quick": 0.2}.get(os.environ.get("SERVESIM_FUZZ", ""), 1)
 
 MML = 64
 
@@ -161,7 +166,7 @@ def advance(r: Request, num: int) -> None:
         r.num_output_tokens += 1
 
 
-@settings(max_examples=500, deadline=None, derandomize=True,
+@settings(max_examples=int(500 * SCALE), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(req_st, min_size=1, max_size=10), st.lists(op_st, min_size=10, max_size=150),
        cfg_st)

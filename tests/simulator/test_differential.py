@@ -36,7 +36,8 @@ from reference.vllm_ref import (
     simulate,
 )
 
-SCALE = 20 if os.environ.get("SERVESIM_FUZZ") == "long" else 1
+# SERVESIM_FUZZ=long: 20x the examples (on demand); quick: a fifth (mutation testing)
+SCALE = {"long": 20, "quick": 0.2}.get(os.environ.get("SERVESIM_FUZZ", ""), 1)
 COMMON = {"deadline": None, "derandomize": True, "database": None,
           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
                                     HealthCheck.filter_too_much]}
@@ -187,7 +188,7 @@ SELF_PREEMPT_CFG = {"block_size": 2, "extra_blocks": 0, "chunked": True, "max_nu
                     "caching": True, "max_model_len": 128}
 
 
-@settings(max_examples=1000 * SCALE, **COMMON)
+@settings(max_examples=int(1000 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)
 @example(FREE_ORDER_REQS, FREE_ORDER_CFG)
@@ -198,7 +199,7 @@ def test_sync_matches_vllm_reference(reqs, cfg):
     run_both(reqs, cfg)
 
 
-@settings(max_examples=300 * SCALE, **COMMON)
+@settings(max_examples=int(300 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)  # these three were found without the admission check
 @example(FREE_ORDER_REQS, FREE_ORDER_CFG)
@@ -208,7 +209,7 @@ def test_sync_without_full_isl_reservation(reqs, cfg):
     run_both(reqs, cfg, reserve_full_isl=False)
 
 
-@settings(max_examples=800 * SCALE, **COMMON)
+@settings(max_examples=int(800 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(ISSUE12_REQS, ISSUE12_CFG)
 @example(SELF_PREEMPT_REQS, SELF_PREEMPT_CFG)
@@ -226,7 +227,7 @@ FREE_ROWS_CFG = {"block_size": 2, "extra_blocks": 0, "max_num_seqs": 2,
                  "chunked": True, "caching": True, "max_model_len": 128}
 
 
-@settings(max_examples=300 * SCALE, **COMMON)
+@settings(max_examples=int(300 * SCALE), **COMMON)
 @given(st.lists(req_st, min_size=1, max_size=10), cfg_st, st.sampled_from([2, 3, 4]),
        st.booleans())
 @example(FREE_ROWS_REQS, FREE_ROWS_CFG, 4, True)
@@ -236,3 +237,26 @@ def test_pipeline_parallel_matches_vllm_reference(reqs, cfg, pp, async_schedulin
     reschedule an in-flight decode; async PP reschedules decodes every micro-batch through
     output placeholders. (servesim runs PP on the exact loop only.)"""
     run_both(reqs, cfg, fast_paths=(False,), pp=pp, async_scheduling=async_scheduling)
+
+
+# Long decodes among few requests, with arrivals spread out: the decode group runs alone for
+# many steps (quiet steps: several batches back to back without a SimPy event, its members'
+# counters and block calendar implicit), crosses many block boundaries (prefix-cached as they
+# fill, then hit again by a recompute after a preemption in the tiny caches), and requests
+# join and leave it mid-run.
+long_req_st = st.tuples(
+    st.integers(0, 60),
+    st.integers(1, 40),
+    st.integers(20, 90),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.booleans(),
+)
+long_cfg_st = cfg_st.map(lambda c: {**c, "max_model_len": 128, "caching": True})
+
+
+@settings(max_examples=int(150 * SCALE), **COMMON)
+@given(st.lists(long_req_st, min_size=1, max_size=6), long_cfg_st, st.booleans())
+def test_long_decodes_match_vllm_reference(reqs, cfg, async_scheduling):
+    """Sync and async scheduling on long decodes (quiet steps), fast path and exact loop."""
+    run_both(reqs, cfg, async_scheduling=async_scheduling)

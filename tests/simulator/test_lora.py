@@ -211,3 +211,52 @@ def test_lora_run_end_to_end_writes_counters_and_timeseries():
         "lora_loads_from_disk"]
     assert max(r.steps["lora_num_active_adapters"]) == 2
     assert (r.requests["finished_reason"] == "length").all()
+
+
+def test_priority_policy_orders_waiting_and_skipped_requests_by_priority():
+    """vLLM with ``--scheduling-policy priority`` and LoRA: both the waiting queue and
+    ``skipped_waiting`` are priority queues (lower value first, then arrival). ``x`` holds the
+    only adapter slot; ``y3`` (priority 3) is skipped at step 1, ``y1`` (priority 1, sent
+    later) at step 2; when the slot frees, ``y1`` runs first, then ``y3``; ``w0`` and ``w2``
+    (adapter x, priority 0 and 2, sent in the order w2, w0) join the running x in priority
+    order."""
+    h = lora_harness(max_loras=1, policy="priority", max_num_seqs=2)
+    x = add(h, "x", 16, 4, "x")
+    x.priority = 0
+    y3 = h.make("y3", 16, 2)
+    y3.spec.lora, y3.priority = "y", 3
+    h.sched.add_request(y3)
+    assert set(h.step().as_dict()) == {"x"}  # y3 skipped (adapter limit)
+    y1 = h.make("y1", 16, 2)
+    y1.spec.lora, y1.priority = "y", 1
+    h.sched.add_request(y1)
+    assert set(h.step().as_dict()) == {"x"}  # y1 skipped too
+    order = []
+    while h.sched.has_unfinished_requests():
+        for rid in h.step().as_dict():
+            if rid.startswith("y") and rid not in order:
+                order.append(rid)
+    assert order == ["y1", "y3"]
+    h = lora_harness(max_loras=1, policy="priority", max_num_seqs=3)
+    for rid, prio in (("x", 1), ("w2", 2), ("w0", 0)):
+        r = h.make(rid, 16, 3)
+        r.spec.lora, r.priority = "x", prio
+        h.sched.add_request(r)
+    assert list(h.step().as_dict()) == ["w0", "x", "w2"]
+
+
+def test_priority_policy_takes_the_better_head_of_waiting_and_skipped():
+    """vLLM ``_select_waiting_queue_for_scheduling`` (priority policy): the more urgent of
+    the two heads goes first. ``x`` (1 output) holds the only adapter slot in step 1, so
+    ``y3`` is skipped; then ``w0`` (priority 0, adapter z) arrives: in step 2 the slot is
+    free and ``w0`` beats the skipped ``y3`` (FCFS would take the skipped head first)."""
+    h = lora_harness(max_loras=1, policy="priority", max_num_seqs=4)
+    for rid, prio, lora, m in (("x", 1, "x", 1), ("y3", 3, "y", 2)):
+        r = h.make(rid, 16, m)
+        r.spec.lora, r.priority = lora, prio
+        h.sched.add_request(r)
+    assert set(h.step().as_dict()) == {"x"}
+    w = h.make("w0", 16, 2)
+    w.spec.lora, w.priority = "z", 0
+    h.sched.add_request(w)
+    assert set(h.step().as_dict()) == {"w0"}

@@ -1,9 +1,14 @@
 """Property tests over random workloads and cache sizes (hypothesis)."""
 
+import os
+
 from harness import Harness
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from servesim.simulator.request import RequestStatus
+
+# SERVESIM_FUZZ=long: 20x the examples (on demand); quick: a fifth (mutation testing)
+SCALE = {"long": 20, "quick": 0.2}.get(os.environ.get("SERVESIM_FUZZ", ""), 1)
 
 req_st = st.tuples(
     st.integers(0, 12),   # arrival step
@@ -62,7 +67,7 @@ REGRESSION_FREE_ORDER = (
      "max_num_batched_tokens": 15, "threshold": 5, "policy": "fcfs"})
 
 
-@settings(max_examples=400, deadline=None, derandomize=True,
+@settings(max_examples=int(400 * SCALE), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(req_st, min_size=1, max_size=12), cfg_st)
 @example(*REGRESSION_FREE_ORDER)
@@ -93,7 +98,7 @@ def test_invariants_and_fast_path_equivalence(reqs, cfg):
             assert total == p + m - 1 - r.num_cached_tokens
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(60 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(req_st, min_size=1, max_size=10), cfg_st)
 def test_prefix_caching_changes_timing_not_outputs(reqs, cfg):
     h_on, _ = simulate(reqs, cfg, fast_path=True, enable_caching=True)
@@ -135,7 +140,7 @@ def run_engine_case(reqs, cfg, *, fast_path, async_scheduling):
                       chunked=cfg["chunked"])
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+@settings(max_examples=int(150 * SCALE), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(eng_req_st, min_size=1, max_size=12), cfg_st, st.booleans())
 # A priority victim tie picks the first running request, here the one being scheduled: the
