@@ -156,6 +156,20 @@ def run_case(reqs_spec, ops, cfg):
                 kv.free(r)
                 ref.free(r)
         assert snapshot_prod(kv, reqs) == snapshot_ref(ref, reqs)
+    # the public per-block views agree too: reference counts (the null block: never freed)
+    # and, for every hash in the index (request-unique content is cached implicitly, not
+    # indexed; the reference hashes differently), a lookup returns a block the reference
+    # holds cached under one hash shared by every block the index lists for it
+    pool = kv.block_pool
+    assert [pool.blocks[b].ref_cnt for b in range(1, n)] == [
+        b.ref_cnt for b in ref.pool.blocks[1:]]
+    assert pool.blocks[0].ref_cnt > 1 << 40
+    for h, v in pool.cached_block_hash_to_block.items():
+        ids = [v] if type(v) is int else list(v)
+        got = pool.get_cached_block(h).block_id
+        assert got == ids[0]
+        ref_hashes = {ref.pool.blocks[b].block_hash for b in ids}
+        assert len(ref_hashes) == 1 and None not in ref_hashes
     return kv, ref
 
 
