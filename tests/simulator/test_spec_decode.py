@@ -386,3 +386,16 @@ def test_expected_acceptance_length_formula():
     assert expected_acceptance_length(1.0, 3) == 4.0
     assert expected_acceptance_length(0.0, 3) == 1.0
     assert math.isclose(expected_acceptance_length(0.5, 1), 1.5)
+
+
+def test_batch_shape_with_drafts_of_several_requests():
+    """Two decoding requests verifying k = 3 drafts each: 2 decode rows, 6 draft tokens, logits
+    at every position (2 · (1 + 3) = 8), contexts computed + 1 (the drafts are not context)."""
+    h = spec_harness(k=3, rate=0.0, block_size=16)
+    h.add("a", 30, 10)
+    h.add("b", 20, 10)
+    h.step()
+    s = h.step().shape
+    assert (s.num_decode, s.num_spec_tokens, s.num_sampled) == (2, 6, 8)
+    assert (s.decode_context_sum, s.decode_context_max) == (31 + 21, 31)
+    assert s.prefill_new_tokens == ()
