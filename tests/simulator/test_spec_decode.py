@@ -399,3 +399,21 @@ def test_batch_shape_with_drafts_of_several_requests():
     assert (s.num_decode, s.num_spec_tokens, s.num_sampled) == (2, 6, 8)
     assert (s.decode_context_sum, s.decode_context_max) == (31 + 21, 31)
     assert s.prefill_new_tokens == ()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_rows_capped_at_max_model_len_minus_one(async_scheduling):
+    """vLLM ``Scheduler.schedule``: ``num_new_tokens = min(1 + k, max_model_len − 1 −
+    num_computed_tokens)``. α = 0 (one token per decode step), k = 3, prompt 50, 13 outputs,
+    max_model_len 64. Sync: computed before decode j is 50 + j − 1, so rows are 4 until
+    j = 10, then 3 and 2. Async: vLLM's computed still holds the batch in flight, its drafts
+    included (rejected only when it returns): 50 + (j − 2) + n(j−1), so the cap bites three
+    steps earlier and shrinks as the rows in flight do: 3, 3, 2, 2, 1."""
+    h, trace = engine_with_spec([(0.0, "r", 50, 13)], k=3, rate=0.0,
+                                async_scheduling=async_scheduling, max_model_len=64)
+    rows = [t[1]["r"] for t in trace]
+    if async_scheduling:
+        assert rows == [50] + [4] * 7 + [3, 3, 2, 2, 1]
+    else:
+        assert rows == [50] + [4] * 10 + [3, 2]
+    assert h.reqs["r"].num_output_tokens == 13
