@@ -64,7 +64,8 @@ def snapshot_prod(kv: KVCacheManager, reqs) -> dict:
     st = kv.prefix_cache_stats
     return {"free": free, "refs": refs, "evictions": pool.num_evictions,
             "tables": [list(r.block_ids) for r in reqs],
-            "stats": (st.queries, st.hits, st.preempted_queries, st.preempted_hits)}
+            "stats": (st.requests, st.queries, st.hits, st.preempted_requests,
+                      st.preempted_queries, st.preempted_hits)}
 
 
 def snapshot_ref(ref: RefKVCacheManager, reqs) -> dict:
@@ -72,7 +73,8 @@ def snapshot_ref(ref: RefKVCacheManager, reqs) -> dict:
     return {"free": pool.queue.ids(),
             "refs": [b.ref_cnt for b in pool.blocks[1:]], "evictions": pool.num_evictions,
             "tables": [ref.table(r) for r in reqs],
-            "stats": (ref.queries, ref.hits, ref.preempted_queries, ref.preempted_hits)}
+            "stats": (ref.requests, ref.queries, ref.hits, ref.preempted_requests,
+                      ref.preempted_queries, ref.preempted_hits)}
 
 
 def run_case(reqs_spec, ops, cfg):
@@ -222,3 +224,24 @@ def test_long_run_matches_reference_across_free_queue_compaction():
     kv, _ = run_case(reqs, ops, {"block_size": 1, "num_blocks": 120, "caching": True,
                                  "window": None, "bulk_decode": True})
     assert kv.block_pool._base > 4096  # compacted (the front moved past 4096 positions)
+
+
+def test_check_invariants_catches_a_reference_count_out_of_step():
+    """The invariant the property tests lean on is itself checked: a block that is in use
+    (not free) but counted 0 references, or free but referenced, is reported (block 1, the
+    first after the null block, included)."""
+    import pytest
+
+    kv = KVCacheManager(4, 16, True, MML)
+    r = make_request(0, (20, 4, "unique", 0), 16)
+    assert kv.allocate_slots(r, 20) == [1, 2]
+    kv.check_invariants()
+    pool = kv.block_pool
+    pool._ref[1] = 0  # in use, yet no reference
+    with pytest.raises(AssertionError):
+        kv.check_invariants()
+    del pool._ref[1]
+    kv.check_invariants()
+    pool._ref[3] = 1  # free, yet referenced
+    with pytest.raises(AssertionError):
+        kv.check_invariants()
