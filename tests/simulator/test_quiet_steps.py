@@ -98,9 +98,9 @@ def test_batch_shape_contexts_match_the_exact_loop(async_scheduling):
         return (2e-3 + 1e-6 * shape.num_tokens + 3e-7 * shape.decode_context_sum
                 + 2e-6 * shape.decode_context_max + 1e-5 * shape.num_decode)
 
-    kw = dict(async_scheduling=async_scheduling, step_s=cost, block_size=16,
-              num_blocks=4000, max_num_seqs=64, max_num_batched_tokens=512,
-              max_model_len=1024)
+    kw = {"async_scheduling": async_scheduling, "step_s": cost, "block_size": 16,
+          "num_blocks": 4000, "max_num_seqs": 64, "max_num_batched_tokens": 512,
+          "max_model_len": 1024}
     h_fast, t_fast = run_engine(arrivals, fast_path=True, **kw)
     h_exact, t_exact = run_engine(arrivals, fast_path=False, **kw)
     assert t_fast == t_exact
