@@ -232,7 +232,12 @@ def main() -> int:
             mutmut(d, "run", "--max-children", "1", "no-such-mutant")  # generate the mutants
         names = mutant_names(d, a.module)
         only = sorted(random.Random(a.seed).sample(names, min(a.sample, len(names))))
-        runs = [("run", "--max-children", str(a.max_children), *only)]
+        todo = only
+        if a.resume:  # (named mutants are always re-tested: name only the undecided ones)
+            codes = json.loads((d / "mutants" / "servesim" / (a.module + ".meta"))
+                               .read_text())["exit_code_by_key"]
+            todo = [m for m in only if codes.get(m) is None]
+        runs = [("run", "--max-children", str(a.max_children), *todo)] if todo else []
     else:
         runs = [("run", "--max-children", str(a.max_children))]
     if a.resume:  # then the survivors again, against the refreshed tests

@@ -332,11 +332,6 @@ class BlockPool:
                 self._free_one(b)
         return pos0
 
-    def survives(self, pos: int) -> bool:
-        """Whether the free block at ``pos`` of a freed request-unique run still holds its
-        content (not yet reached by the front, not taken out)."""
-        return pos >= self._head and pos not in self._tombs
-
     def revive(self, b: int) -> None:
         """Take a reference on an indexed block hit by a request (vLLM ``touch``)."""
         r = self._ref.get(b)

@@ -84,7 +84,8 @@ def run_engine(arrivals, *, async_scheduling=False, step_s=1.0, pp=1, **harness_
     [(time scheduled, {request_id: tokens}, [preempted ids])] per non-empty batch."""
     h = Harness(async_scheduling=async_scheduling, **harness_kw)
     env = simpy.Environment()
-    rep = Replica(env, h.sched, lambda shape: step_s, Recorder(), h.finished.append,
+    step = step_s if callable(step_s) else (lambda shape: step_s)  # or a cost model
+    rep = Replica(env, h.sched, step, Recorder(), h.finished.append,
                   max_concurrent_batches=pp, async_scheduling=async_scheduling)
     rep.trace = []
 

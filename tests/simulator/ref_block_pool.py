@@ -147,6 +147,7 @@ class RefKVCacheManager:
         self.prev_tables: dict[str, list[RefBlock]] = {}  # block table when last freed
         self.num_cached: dict[str, int] = {}
         self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
+        self.requests = self.preempted_requests = 0  # lookups (vLLM PrefixCacheStats)
 
     # Block content: workload prefix ids, else prompt token ids, else unique to the request.
     def block_hashes(self, req, n: int) -> list:
@@ -171,9 +172,11 @@ class RefKVCacheManager:
 
     def _record(self, req, num_hit: int) -> None:
         if req.num_preemptions > 0:
+            self.preempted_requests += 1
             self.preempted_queries += req.num_tokens
             self.preempted_hits += num_hit
         else:
+            self.requests += 1
             self.queries += req.num_tokens
             self.hits += num_hit
 

@@ -64,7 +64,8 @@ def snapshot_prod(kv: KVCacheManager, reqs) -> dict:
     st = kv.prefix_cache_stats
     return {"free": free, "refs": refs, "evictions": pool.num_evictions,
             "tables": [list(r.block_ids) for r in reqs],
-            "stats": (st.queries, st.hits, st.preempted_queries, st.preempted_hits)}
+            "stats": (st.requests, st.queries, st.hits, st.preempted_requests,
+                      st.preempted_queries, st.preempted_hits)}
 
 
 def snapshot_ref(ref: RefKVCacheManager, reqs) -> dict:
@@ -72,7 +73,8 @@ def snapshot_ref(ref: RefKVCacheManager, reqs) -> dict:
     return {"free": pool.queue.ids(),
             "refs": [b.ref_cnt for b in pool.blocks[1:]], "evictions": pool.num_evictions,
             "tables": [ref.table(r) for r in reqs],
-            "stats": (ref.queries, ref.hits, ref.preempted_queries, ref.preempted_hits)}
+            "stats": (ref.requests, ref.queries, ref.hits, ref.preempted_requests,
+                      ref.preempted_queries, ref.preempted_hits)}
 
 
 def run_case(reqs_spec, ops, cfg):
@@ -156,6 +158,20 @@ def run_case(reqs_spec, ops, cfg):
                 kv.free(r)
                 ref.free(r)
         assert snapshot_prod(kv, reqs) == snapshot_ref(ref, reqs)
+    # the public per-block views agree too: reference counts (the null block: never freed)
+    # and, for every hash in the index (request-unique content is cached implicitly, not
+    # indexed; the reference hashes differently), a lookup returns a block the reference
+    # holds cached under one hash shared by every block the index lists for it
+    pool = kv.block_pool
+    assert [pool.blocks[b].ref_cnt for b in range(1, n)] == [
+        b.ref_cnt for b in ref.pool.blocks[1:]]
+    assert pool.blocks[0].ref_cnt > 1 << 40
+    for h, v in pool.cached_block_hash_to_block.items():
+        ids = [v] if type(v) is int else list(v)
+        got = pool.get_cached_block(h).block_id
+        assert got == ids[0]
+        ref_hashes = {ref.pool.blocks[b].block_hash for b in ids}
+        assert len(ref_hashes) == 1 and None not in ref_hashes
     return kv, ref
 
 
@@ -191,3 +207,41 @@ def test_preempted_request_hits_its_surviving_own_blocks():
     kv, ref = run_case([(20, 8, "unique", 0), (8, 4, "unique", 1)], ops, cfg)
     assert kv.prefix_cache_stats.preempted_hits == 20  # all 5 prompt blocks were still free
     assert ref.preempted_hits == 20
+
+
+def test_long_run_matches_reference_across_free_queue_compaction():
+    """Thousands of frees and allocations (one token per block): the positioned free queue
+    passes 4096 positions and compacts its consumed front, more than once; every operation
+    still agrees with the reference (tables, LRU order, reference counts, evictions, hits)."""
+    import random
+
+    rng = random.Random(12)
+    reqs = [(rng.randint(20, 40), rng.randint(4, 12),
+             rng.choice(["unique", "tokens", "prefix_ids"]), rng.randint(0, 2))
+            for _ in range(160)]
+    ops = [(rng.choice([0, 0, 1, 1, 1, 1, 3, 4]), rng.randint(0, 1000), rng.randint(8, 40),
+            rng.random() < 0.5) for _ in range(6000)]
+    kv, _ = run_case(reqs, ops, {"block_size": 1, "num_blocks": 120, "caching": True,
+                                 "window": None, "bulk_decode": True})
+    assert kv.block_pool._base > 4096  # compacted (the front moved past 4096 positions)
+
+
+def test_check_invariants_catches_a_reference_count_out_of_step():
+    """The invariant the property tests lean on is itself checked: a block that is in use
+    (not free) but counted 0 references, or free but referenced, is reported (block 1, the
+    first after the null block, included)."""
+    import pytest
+
+    kv = KVCacheManager(4, 16, True, MML)
+    r = make_request(0, (20, 4, "unique", 0), 16)
+    assert kv.allocate_slots(r, 20) == [1, 2]
+    kv.check_invariants()
+    pool = kv.block_pool
+    pool._ref[1] = 0  # in use, yet no reference
+    with pytest.raises(AssertionError):
+        kv.check_invariants()
+    del pool._ref[1]
+    kv.check_invariants()
+    pool._ref[3] = 1  # free, yet referenced
+    with pytest.raises(AssertionError):
+        kv.check_invariants()

@@ -67,7 +67,7 @@ def test_timeout_aborts_a_request_mid_decode_and_frees_its_blocks(fast_path):
 
 @pytest.mark.parametrize("fast_path", [True, False])
 @pytest.mark.parametrize("async_scheduling", [False, True])
-@pytest.mark.parametrize("timeout", [0.05, 0.15, 0.25, 0.35, 0.45, 1.05])
+@pytest.mark.parametrize("timeout", [0.05, 0.15, 0.25, 0.35, 0.45, 0.65, 0.75, 0.85, 1.05])
 def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_scheduling,
                                                              timeout):
     """Steps of 0.1 s: tokens come at 0.1, 0.2, ..., so a client giving up at ``timeout``
@@ -76,10 +76,14 @@ def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_sc
     counters are implicit from then on). Under async scheduling the engine's counters
     already include the batches in flight (the next two tokens); they are not the
     client's. The abort reaches the engine at the next batch boundary, which frees the
-    blocks."""
+    blocks. A long prompt arriving at 0.52 s is prefilled in chunks from 0.6 s on (the
+    decode group is dissolved for those steps; the slow request's counters become explicit
+    with its two latest token times) without changing the slow request's one token per
+    step."""
     env, kv, sched, rec, rep, box = _engine(step=0.1, fast_path=fast_path,
                                             async_scheduling=async_scheduling)
-    specs = [RequestSpec(arrival_s=0.0, prompt_len=16, output_len=100, request_id="slow")]
+    specs = [RequestSpec(arrival_s=0.0, prompt_len=16, output_len=100, request_id="slow"),
+             RequestSpec(arrival_s=0.52, prompt_len=1800, output_len=2, request_id="long")]
     client = Client(env, specs, [rep], rec, max_model_len=4096, num_gpu_blocks=200,
                     block_size=16, max_concurrency=None, control={"request_timeout_s": timeout})
     box.append(client)
@@ -87,6 +91,7 @@ def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_sc
     client.finalize()
     rec.flush()
     rows = rec.log.all_rows()
+    rows = {k: v[np.argsort(rows["index"])] for k, v in rows.items()}
     assert rows["finished_reason"][0] == "timeout"
     assert rows["output_len"][0] == int(timeout * 10)
     if timeout < 0.1:
@@ -94,6 +99,8 @@ def test_timed_out_request_keeps_only_the_tokens_it_received(fast_path, async_sc
     else:
         assert rows["first_token_s"][0] == pytest.approx(0.1)
     assert rows["finish_s"][0] == pytest.approx(timeout)
+    if timeout != 0.65:  # (0.65: long's prefill ends around its deadline, 1.17 s)
+        assert rows["finished_reason"][1] == ("length" if timeout > 0.65 else "timeout")
     assert not sched.has_unfinished_requests() and kv.get_num_free_blocks() == 199
 
 

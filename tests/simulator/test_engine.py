@@ -92,3 +92,30 @@ def test_pipeline_parallel_keeps_pp_batches_in_flight():
     assert pp.steps["step_tokens"].sum() == expected
     # With pp batches in flight, PP2 x TP2 is in the same throughput class as TP4 on 4 GPUs.
     assert pp.duration_s < 1.5 * tp4.duration_s
+
+
+def test_batch_shape_of_each_step_by_hand():
+    """The ``BatchShape`` the cost model prices, step by step (budget 64 tokens, vLLM's running
+    rows first): decode rows count in ``num_decode`` with context = computed + 1, prefill
+    chunks as (new tokens, context) pairs, every row gets logits (``num_sampled``); the decode
+    group (fast path) gives the same shapes as the per-request loop."""
+    from harness import Harness
+
+    for fast_path in (False, True):
+        h = Harness(fast_path=fast_path, max_num_batched_tokens=64, block_size=16)
+        h.add("a", 30, 10)
+        h.add("b", 20, 10)
+        s = h.step().shape
+        assert (s.num_decode, s.prefill_new_tokens, s.prefill_context, s.num_sampled) == (
+            0, (30, 20), (0, 0), 2)
+        h.add("c", 100, 5)
+        shapes = [h.step().shape for _ in range(3)]
+        got = [(s.num_decode, s.decode_context_sum, s.decode_context_max,
+                s.prefill_new_tokens, s.prefill_context, s.num_sampled, s.num_spec_tokens)
+               for s in shapes]
+        assert got == [
+            (2, 31 + 21, 31, (62,), (0,), 3, 0),    # a, b decode; c's first chunk 64 − 2
+            (2, 32 + 22, 32, (38,), (62,), 3, 0),   # c's last chunk: its first token
+            (3, 33 + 23 + 101, 101, (), (), 3, 0),  # three decodes
+        ], fast_path
+        assert h.step().shape.decode_context_sum == 34 + 24 + 102

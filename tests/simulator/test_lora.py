@@ -260,3 +260,23 @@ def test_priority_policy_takes_the_better_head_of_waiting_and_skipped():
     w.spec.lora, w.priority = "z", 0
     h.sched.add_request(w)
     assert set(h.step().as_dict()) == {"w0"}
+
+
+def test_requests_skipped_in_a_step_that_fills_the_seats_are_not_lost():
+    """``max_loras`` 1 and 2 seats: ``y`` (another adapter) is skipped, ``w`` (x's adapter)
+    takes the last seat, which ends the waiting loop; ``y`` goes back to skipped_waiting
+    (vLLM ``prepend_requests`` after the loop) and runs once x's adapter is gone."""
+    h = lora_harness(max_loras=1, max_num_seqs=2)
+    add(h, "x", 16, 3, "x")
+    add(h, "y", 16, 2, "y")
+    add(h, "w", 16, 3, "x")
+    add(h, "z", 16, 2, "x")  # still waiting when the seats are full
+    assert set(h.step().as_dict()) == {"x", "w"}
+    assert h.sched.num_waiting == 2  # y (skipped_waiting) and z
+    assert h.sched.waiting.peek_request().request_id == "y"  # skipped ones first (FCFS)
+    for _ in range(20):
+        if not h.sched.has_unfinished_requests():
+            break
+        h.step()
+    assert {r: q.num_output_tokens for r, q in h.reqs.items()} == {
+        "x": 3, "y": 2, "w": 3, "z": 2}

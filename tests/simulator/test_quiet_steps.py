@@ -77,3 +77,33 @@ def test_quiet_and_inline_steps_give_identical_records(overrides, monkeypatch):
             assert np.array_equal(v, b.steps[k]), (name, k)
     if not any(o in NO_QUIET for o in overrides):
         assert n_quiet > 0  # the path under test was taken
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_batch_shape_contexts_match_the_exact_loop(async_scheduling):
+    """A cost model reading every ``BatchShape`` field a plugin may use, the decode contexts'
+    sum and maximum included (``decode_context_max``: split-KV heuristics), sees the same
+    shapes from the decode group (its contexts kept implicitly: a running sum and a heap of
+    join-time contexts, pruned as members leave) as from the per-request loop: hundreds of
+    requests joining and leaving give identical batches and times."""
+    import random
+
+    from harness import run_engine
+
+    rng = random.Random(5)
+    arrivals = [(round(rng.uniform(0, 4), 3), f"r{i}", rng.randint(1, 300),
+                 rng.randint(1, 120)) for i in range(400)]
+
+    def cost(shape):
+        return (2e-3 + 1e-6 * shape.num_tokens + 3e-7 * shape.decode_context_sum
+                + 2e-6 * shape.decode_context_max + 1e-5 * shape.num_decode)
+
+    kw = {"async_scheduling": async_scheduling, "step_s": cost, "block_size": 16,
+          "num_blocks": 4000, "max_num_seqs": 64, "max_num_batched_tokens": 512,
+          "max_model_len": 1024}
+    h_fast, t_fast = run_engine(arrivals, fast_path=True, **kw)
+    h_exact, t_exact = run_engine(arrivals, fast_path=False, **kw)
+    assert t_fast == t_exact
+    assert {r: (q.first_token_time, q.finish_time) for r, q in h_fast.reqs.items()} == {
+        r: (q.first_token_time, q.finish_time) for r, q in h_exact.reqs.items()}
+    assert max(len(b[1]) for b in t_exact) > 8  # decodes batched together

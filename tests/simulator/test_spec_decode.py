@@ -117,10 +117,10 @@ def test_alpha_zero_one_token_per_step_and_rejected_slots_rolled_back():
     """α = 0: every draft is rejected — one token per step, num_computed_tokens rolled back
     by k after each step (vLLM update_from_output), the blocks kept (no free, no leak)."""
     h = spec_harness(k=3, rate=0.0, block_size=16)
-    r = h.add("r", 30, 20)
+    r = h.add("r", 30, 40)
     h.step()
     assert r.num_output_tokens == 1 and r.num_computed_tokens == 30
-    for i in range(5):
+    for i in range(24):  # (contexts 30..53: the lookahead crosses block boundaries)
         out = h.step()
         assert out.as_dict() == {"r": 4}
         assert out.shape.num_decode == 1 and out.shape.num_spec_tokens == 3
@@ -386,3 +386,34 @@ def test_expected_acceptance_length_formula():
     assert expected_acceptance_length(1.0, 3) == 4.0
     assert expected_acceptance_length(0.0, 3) == 1.0
     assert math.isclose(expected_acceptance_length(0.5, 1), 1.5)
+
+
+def test_batch_shape_with_drafts_of_several_requests():
+    """Two decoding requests verifying k = 3 drafts each: 2 decode rows, 6 draft tokens, logits
+    at every position (2 · (1 + 3) = 8), contexts computed + 1 (the drafts are not context)."""
+    h = spec_harness(k=3, rate=0.0, block_size=16)
+    h.add("a", 30, 10)
+    h.add("b", 20, 10)
+    h.step()
+    s = h.step().shape
+    assert (s.num_decode, s.num_spec_tokens, s.num_sampled) == (2, 6, 8)
+    assert (s.decode_context_sum, s.decode_context_max) == (31 + 21, 31)
+    assert s.prefill_new_tokens == ()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_rows_capped_at_max_model_len_minus_one(async_scheduling):
+    """vLLM ``Scheduler.schedule``: ``num_new_tokens = min(1 + k, max_model_len − 1 −
+    num_computed_tokens)``. α = 0 (one token per decode step), k = 3, prompt 50, 13 outputs,
+    max_model_len 64. Sync: computed before decode j is 50 + j − 1, so rows are 4 until
+    j = 10, then 3 and 2. Async: vLLM's computed still holds the batch in flight, its drafts
+    included (rejected only when it returns): 50 + (j − 2) + n(j−1), so the cap bites three
+    steps earlier and shrinks as the rows in flight do: 3, 3, 2, 2, 1."""
+    h, trace = engine_with_spec([(0.0, "r", 50, 13)], k=3, rate=0.0,
+                                async_scheduling=async_scheduling, max_model_len=64)
+    rows = [t[1]["r"] for t in trace]
+    if async_scheduling:
+        assert rows == [50] + [4] * 7 + [3, 3, 2, 2, 1]
+    else:
+        assert rows == [50] + [4] * 10 + [3, 2]
+    assert h.reqs["r"].num_output_tokens == 13
