@@ -92,6 +92,9 @@ def stage(module: str, tests: list[str]) -> Path:
         shutil.rmtree(d)
     (d / "servesim").mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    # which tests run which functions: collected again (a test that existed may now call
+    # more of the module; mutmut only re-collects for tests with new names)
+    (d / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, d / "servesim" / pkg, ignore=ignore)
     shutil.copytree(ROOT / "tests", d / "tests", ignore=ignore)
@@ -128,6 +131,9 @@ def refresh_tests(d: Path, module: str, tests: list[str]) -> None:
     a staged run (mutmut collects stats for new tests and keeps every verdict already
     reached; the mutated module stays as it was staged)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    # which tests run which functions: collected again (a test that existed may now call
+    # more of the module; mutmut only re-collects for tests with new names)
+    (d / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     for pkg in PACKAGES:
         for src in (ROOT / pkg).rglob("*.py"):
             rel = src.relative_to(ROOT)

@@ -191,6 +191,13 @@ def advance(r: Request, num: int) -> None:
           (0, 0, 40, False), (1, 1, 1, False), (0, 0, 40, False)],
          {"block_size": 4, "num_blocks": 14, "caching": True, "window": None,
           "bulk_decode": False})
+# Duplicate blocks (vLLM keeps both): r1 hits r0's first chunk and computes the rest of the same
+# prompt itself; r0's next chunk then fills blocks with the content r1 already cached.
+@example([(24, 4, "tokens", 0), (24, 4, "tokens", 0)],
+         [(0, 0, 8, False), (0, 0, 40, False), (1, 0, 16, False), (4, 1, 1, False),
+          (0, 0, 40, False)],
+         {"block_size": 4, "num_blocks": 20, "caching": True, "window": None,
+          "bulk_decode": False})
 def test_block_pool_matches_reference(reqs_spec, ops, cfg):
     run_case(reqs_spec, ops, cfg)
 

@@ -106,8 +106,9 @@ def test_batch_shape_of_each_step_by_hand():
         h.add("a", 30, 10)
         h.add("b", 20, 10)
         s = h.step().shape
-        assert (s.num_decode, s.prefill_new_tokens, s.prefill_context, s.num_sampled) == (
-            0, (30, 20), (0, 0), 2)
+        assert (s.num_decode, s.decode_context_sum, s.decode_context_max,
+                s.prefill_new_tokens, s.prefill_context, s.num_sampled) == (
+            0, 0, 0, (30, 20), (0, 0), 2)
         h.add("c", 100, 5)
         shapes = [h.step().shape for _ in range(3)]
         got = [(s.num_decode, s.decode_context_sum, s.decode_context_max,
