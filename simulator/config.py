@@ -342,7 +342,11 @@ def load_yaml(path: str | Path) -> dict:
     """A config file as a dict: UTF-8 YAML with a mapping at the top; empty files, duplicate
     keys and alias bombs are one-line :class:`ConfigError` naming file and line."""
     p = Path(path)
-    if not p.is_file():
+    try:
+        found = p.is_file()
+    except (OSError, ValueError):  # a name too long to look up, a NUL byte
+        found = False
+    if not found:
         raise ConfigError(f"{p}: no such config file")
     raw = p.read_bytes()
     try:

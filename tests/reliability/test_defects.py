@@ -328,3 +328,32 @@ def test_error_echoing_control_characters_stays_one_line(small_config, tmp_path,
     o = cli("run", f"/tmp/no{name}such.yaml")
     assert o.rc == 2
     check_contract(o, f"/tmp/no{escaped}such.yaml")
+
+
+# Found by the long fuzz profile: a name too long for the OS to look up (ENAMETOOLONG) as the
+# hardware or model name, calibration file or config path was an "internal error".
+
+
+@pytest.mark.parametrize("key, command, named", [
+    ("hardware.name", "validate", "hardware.bf16_tflops"),  # not shipped: give it inline
+    ("model.name", "validate", "model.name"),
+    ("hardware.calibration", "run", "hardware.calibration"),
+])
+def test_names_too_long_to_look_up_are_one_line_errors(small_config, tmp_path, key, command,
+                                                       named):
+    import yaml
+
+    tree = yaml.safe_load(Path(small_config).read_text())
+    section, field = key.split(".")
+    tree.setdefault(section, {})[field] = "a" * 5000
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tree))
+    o = cli(command, cfg, *(["-o", tmp_path / "out"] if command == "run" else []))
+    assert o.rc == 2
+    check_contract(o, str(cfg), named)
+
+
+def test_config_path_too_long_to_look_up_is_a_one_line_error():
+    o = cli("run", "/tmp/" + "a" * 5000 + ".yaml")
+    assert o.rc == 2
+    check_contract(o, "no such config file")
