@@ -469,6 +469,27 @@ class Replica:
         quiet_seconds = self._quiet_seconds() if quiet is not None else None
         # (out, end, seconds, requests whose stop is pending, ITL samples, weighted samples)
         inflight: deque = deque()
+
+        def batch_returns(item: tuple, now: float) -> None:
+            """A batch is back at ``now``: aborts first (vLLM ``_process_aborts_queue``),
+            then what vLLM learns only now (rejected drafts, caching, stops), its ITL
+            samples and its record, then the finished requests."""
+            out, _, dt, pending, b_e, b_w = item
+            if self._aborts:
+                self._apply_aborts()
+            if returned is not None:
+                returned(out)
+            sched.cache_returned(out, pending)
+            if pending:
+                pending = sched.finish_pending(pending, now)
+            if b_e:
+                itl_e.extend(b_e)
+            if b_w:
+                itl_w.extend(b_w)
+            record(out, now, dt)
+            for r in pending:
+                on_finish(r)
+
         last_end = 0.0  # end of the batch scheduled last
         # speculative decoding: vLLM learns a batch's rejections when it returns
         returned = sched.batch_returned if getattr(sched, "spec", None) is not None else None
@@ -502,21 +523,7 @@ class Replica:
                     inflight.popleft()
                     env._now = t
                     ran = True
-                    o_out, _, o_dt, o_pending, o_e, o_w = old
-                    if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
-                        self._apply_aborts()
-                    if returned is not None:
-                        returned(o_out)
-                    sched.cache_returned(o_out, o_pending)
-                    if o_pending:
-                        o_pending = sched.finish_pending(o_pending, t)
-                    if o_e:
-                        itl_e.extend(o_e)
-                    if o_w:
-                        itl_w.extend(o_w)
-                    record(o_out, t, o_dt)
-                    for r in o_pending:
-                        on_finish(r)
+                    batch_returns(old, t)
                 if ran:
                     continue
             if len(inflight) < 2 and sched.has_requests():
@@ -545,7 +552,8 @@ class Replica:
             if not inflight:
                 yield from self._idle()
                 continue
-            out, end, dt, pending, b_e, b_w = inflight.popleft()
+            item = inflight.popleft()
+            end = item[1]
             now = env.now
             if end > now:
                 t = now + (end - now)  # (where env.timeout(end - now) lands)
@@ -553,21 +561,7 @@ class Replica:
                     env._now = t
                 else:
                     yield env.timeout(end - now)
-            now = env.now
-            if self._aborts:  # vLLM: _process_aborts_queue() before update_from_output()
-                self._apply_aborts()
-            if returned is not None:
-                returned(out)
-            sched.cache_returned(out, pending)
-            if pending:
-                pending = sched.finish_pending(pending, now)
-            if b_e:
-                itl_e.extend(b_e)
-            if b_w:
-                itl_w.extend(b_w)
-            record(out, now, dt)
-            for r in pending:
-                on_finish(r)
+            batch_returns(item, env.now)
 
     def _run_batch_queue(self):
         """``EngineCore.step_with_batch_queue`` for pipeline parallelism: up to

@@ -509,17 +509,7 @@ class Scheduler:
         finished: list[Request] = []
         cal = self._finish_at.pop(k, None)
         if cal:
-            for req in cal:
-                if req.d_mark < 0:
-                    continue
-                self._sync(req)
-                _, status = self._target_outputs(req)
-                if defer:  # it stays running, explicitly (partials are in running order)
-                    req.stop_pending = status
-                    insort(self._partials, req, key=_by_run_seq)
-                else:
-                    req.status = status
-                finished.append(req)
+            self._finish_members(cal, defer, finished)
             if finished and not defer:
                 self._remove_finished(finished, end)
         return out, finished
@@ -533,6 +523,22 @@ class Scheduler:
         kv = self.kv
         return getattr(kv, "on_cache", None) is not None or \
             req.num_shared_blocks(self.block_size) > req.num_cached_blocks
+
+    def _finish_members(self, cal: list[Request], defer: bool, finished: list) -> None:
+        """Members whose stop falls on this step (the finish calendar ``cal``) leave the group
+        and stop; under async scheduling (``defer``) they stay running, explicitly, with the
+        stop pending until their batch returns. Appended to ``finished``."""
+        for req in cal:
+            if req.d_mark < 0:
+                continue
+            self._sync(req)
+            _, status = self._target_outputs(req)
+            if defer:  # it stays running, explicitly (partials are in running order)
+                req.stop_pending = status
+                insort(self._partials, req, key=_by_run_seq)
+            else:
+                req.status = status
+            finished.append(req)
 
     def _cache_members(self, cache: set[Request], k: int) -> None:
         """Step ``k`` of the decode group caches its bucket's members up to the tokens vLLM
@@ -866,17 +872,9 @@ class Scheduler:
             self._last_fast_seq = out.seq
             if n_group:
                 itl_weighted.append((dt, n_group))
-            for req in self._finish_at.pop(k, ()):
-                if req.d_mark < 0:
-                    continue
-                self._sync(req)
-                _, status = self._target_outputs(req)
-                if defer:  # it stays running, explicitly (partials are in running order)
-                    req.stop_pending = status
-                    insort(self._partials, req, key=_by_run_seq)
-                else:
-                    req.status = status
-                finished.append(req)
+            cal = self._finish_at.pop(k, None)
+            if cal:
+                self._finish_members(cal, defer, finished)
         spec = self.spec
         stats = spec.new_stats() if spec is not None else None
         sampled = out.sampled = []
