@@ -23,8 +23,8 @@ from servesim.costmodels.calibration_curves import Series, Table, check
 from servesim.costmodels.calibration_roofline import gemm_roof, norm_dtype
 from servesim.costmodels.calibration_tables import FAMILIES, Calibration, age_days
 from servesim.costmodels.config import HardwareConfig
-from servesim.costmodels.specs import HardwareSpec, _is_file, _read_mapping, configs_dir
-from servesim.simulator.errors import ConfigError
+from servesim.costmodels.specs import HardwareSpec, _read_mapping, configs_dir
+from servesim.simulator.errors import ConfigError, path_is_file
 
 STALE_DAYS = 180
 
@@ -66,7 +66,7 @@ def calibration_paths(hw_cfg: HardwareConfig, spec: HardwareSpec) -> list[Path]:
         return _auto_paths(spec)
     p = Path(sel).expanduser()
     paths = [p]
-    if _is_file(p):
+    if path_is_file(p):
         try:
             layer = str(read_doc(p).get("layer_over", "")).strip().lower()
         except (ConfigError, OSError):
@@ -80,7 +80,7 @@ def _auto_paths(spec: HardwareSpec) -> list[Path]:
     found = []
     for d in (user_calibration_dir(), configs_dir() / "calibration"):
         p = next((d / f"{spec.name}{ext}" for ext in (".yaml", ".json")
-                  if _is_file(d / f"{spec.name}{ext}")), None)
+                  if path_is_file(d / f"{spec.name}{ext}")), None)
         if p is not None:
             found.append(p)
     return found
@@ -122,7 +122,7 @@ def load_calibration(hw_cfg: HardwareConfig, spec: HardwareSpec) -> Calibration 
     if sel == "none":
         return None
     paths = calibration_paths(hw_cfg, spec)
-    if sel != "auto" and not _is_file(paths[0]):
+    if sel != "auto" and not path_is_file(paths[0]):
         raise ConfigError(f"hardware.calibration: no such calibration file {paths[0]}")
     if not paths:
         _warn(f"no calibration file configs/calibration/{spec.name}.yaml (or .json) for "

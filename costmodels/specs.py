@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 from servesim.costmodels.config import HardwareConfig, ModelConfig
-from servesim.simulator.errors import ConfigError
+from servesim.simulator.errors import ConfigError, path_is_dir, path_is_file
 
 GIB = 1 << 30
 
@@ -29,24 +29,9 @@ def configs_dir() -> Path:
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when installed
 
 
-def _is_file(path: Path) -> bool:
-    """``path.is_file()``, False for a name the OS cannot even look up (too long, ...)."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):  # ENAMETOOLONG, an embedded NUL byte
-        return False
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return path.is_dir()
-    except (OSError, ValueError):
-        return False
-
-
 def _read_mapping(path: Path, what: str) -> dict:
     """Read a YAML or JSON mapping; ConfigError (one line, naming the file) on any problem."""
-    if not _is_file(path):
+    if not path_is_file(path):
         raise ConfigError(f"{path}: no such {what} file")
     text = path.read_text()
     try:
@@ -162,13 +147,13 @@ def load_hardware_spec(hw_cfg: HardwareConfig) -> HardwareSpec:
     needs ``bf16_tflops``, ``memory_gib`` and ``mem_bw_gbps``.
     """
     path = configs_dir() / "hardware" / f"{hw_cfg.name}.yaml"
-    if not _is_file(path) and hw_cfg.name.endswith((".yaml", ".yml")):
+    if not path_is_file(path) and hw_cfg.name.endswith((".yaml", ".yml")):
         path = Path(hw_cfg.name)
-        if not _is_file(path):
+        if not path_is_file(path):
             raise ConfigError(f"hardware.name: no such hardware file {hw_cfg.name}")
     base: dict[str, Any] = {}
     file = None
-    if _is_file(path):
+    if path_is_file(path):
         base = _read_mapping(path, "hardware")
         file = str(path)
     inline = {k: getattr(hw_cfg, k) for k in _HW_FIELDS if getattr(hw_cfg, k) is not None}
@@ -501,12 +486,12 @@ def load_model_spec(model_cfg: ModelConfig) -> ModelSpec:
     """
     name = model_cfg.name
     path = configs_dir() / "models" / f"{name}.yaml"
-    if not _is_file(path):
+    if not path_is_file(path):
         p = Path(name).expanduser()
-        if _is_dir(p):
+        if path_is_dir(p):
             p = p / "config.json"
         looks_like_path = "/" in name or name.endswith((".json", ".yaml", ".yml"))
-        if _is_file(p):
+        if path_is_file(p):
             path = p
         elif looks_like_path:
             raise ConfigError(f"model.name: no such model config file {name}")

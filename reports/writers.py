@@ -331,15 +331,19 @@ class RequestsCsvStream:
         self(("timeseries", str(path), {k: np.asarray(v) for k, v in steps.items()}))
         return self._w is not None
 
-    def finish(self) -> bool:
-        """No more rows: wait for the worker to write the rest; True when the files are
-        complete."""
+    def _close_pipe(self) -> None:
+        """No more messages (the worker sees EOF)."""
         if self._w is not None:
             try:
                 self._w.close()
             except OSError:
                 pass
             self._w = None
+
+    def finish(self) -> bool:
+        """No more rows: wait for the worker to write the rest; True when the files are
+        complete."""
+        self._close_pipe()
         if self._pid:
             _, status = os.waitpid(self._pid, 0)
             self._pid = 0
@@ -348,12 +352,7 @@ class RequestsCsvStream:
 
     def close(self) -> None:
         """Stop the worker (on errors and interruptions); its files are not to be used."""
-        if self._w is not None:
-            try:
-                self._w.close()
-            except OSError:
-                pass
-            self._w = None
+        self._close_pipe()
         if self._pid:
             import signal
 

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
 from servesim.simulator.cluster.config import ClusterConfig, KVOffloadConfig
-from servesim.simulator.errors import ConfigError, one_line, short_repr
+from servesim.simulator.errors import ConfigError, one_line, path_is_file, short_repr
 from servesim.simulator.lora import LoRAConfig
 from servesim.simulator.spec_decode import SpeculativeConfig
 from servesim.workloads.config import RandomWorkload, WorkloadConfig
@@ -342,11 +342,7 @@ def load_yaml(path: str | Path) -> dict:
     """A config file as a dict: UTF-8 YAML with a mapping at the top; empty files, duplicate
     keys and alias bombs are one-line :class:`ConfigError` naming file and line."""
     p = Path(path)
-    try:
-        found = p.is_file()
-    except (OSError, ValueError):  # a name too long to look up, a NUL byte
-        found = False
-    if not found:
+    if not path_is_file(p):
         raise ConfigError(f"{p}: no such config file")
     raw = p.read_bytes()
     try:

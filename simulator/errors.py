@@ -47,6 +47,23 @@ def printable(text: object) -> str:
                    c.encode("unicode_escape").decode("ascii") for c in s)
 
 
+def path_is_file(path) -> bool:
+    """``path.is_file()`` for a user-given name: False, not an OSError, for a name the OS
+    cannot even look up (too long, an embedded NUL byte)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def path_is_dir(path) -> bool:
+    """``path.is_dir()``, False where the name cannot be looked up (see :func:`path_is_file`)."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def short_repr(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, without building the repr of a huge
     container (a 200,000-element list or a YAML alias bomb is described, not printed)."""
