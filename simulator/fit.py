@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from servesim.reports.ab import _num  # a JSON/CSV cell as a float (inf-aware, NaN if not)
 from servesim.simulator.errors import ConfigError, ServesimError
 
 # (name, where): fitted parameters, in report order
@@ -127,15 +128,6 @@ class MeasuredRun:
         ``--request-rate inf`` burst: all at once, in order), so requests compare one to
         one."""
         return self.max_concurrency is None
-
-
-def _num(v: Any) -> float:
-    if isinstance(v, str) and v.strip().lower() in ("inf", "+inf", "infinity"):
-        return math.inf
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def load_measured(path: str | Path) -> MeasuredRun:
