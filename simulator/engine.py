@@ -54,6 +54,8 @@ class Recorder:
         self.steps = steps  # a StepSampler, or None to keep step rows in ``step``
         self.chunk_rows = chunk_rows or CHUNK_ROWS
         self.req = {k: array("d") for k in self.REQ}
+        # (the columns are cleared in place, so their bound appends stay valid)
+        self._req_appends = tuple(self.req[k].append for k in self.REQ)
         self.request_id: list[str] = []
         self.reason: list[str] = []
         self.error: list[str] = []
@@ -92,34 +94,45 @@ class Recorder:
         return cols
 
     def record_request(self, r: Request, reason: str) -> None:
-        d = self.req
-        d["index"].append(r.index)
-        d["arrival_s"].append(r.spec.arrival_s)
-        d["send_s"].append(r.send_time)
-        d["prompt_len"].append(r.prompt_len)
-        d["output_len"].append(r.num_output_tokens)
-        d["num_cached_tokens"].append(max(r.num_cached_tokens, 0))
-        d["first_scheduled_s"].append(r.first_scheduled_time)
-        d["first_token_s"].append(r.first_token_time)
-        d["finish_s"].append(r.finish_time)
-        d["num_preemptions"].append(r.num_preemptions)
+        (a_index, a_arrival, a_send, a_prompt, a_output, a_cached, a_sched, a_first, a_finish,
+         a_preempt, a_stage, a_warmup, a_attempts, a_fe_arrival, a_tok, a_queued, a_e_first,
+         a_e_fin, a_it_first, a_it_fin) = self._req_appends
+        a_index(r.index)
+        a_arrival(r.spec.arrival_s)
+        a_send(r.send_time)
+        a_prompt(r.prompt_len)
+        a_output(r.num_output_tokens)
+        a_cached(r.num_cached_tokens if r.num_cached_tokens > 0 else 0)
+        a_sched(r.first_scheduled_time)
+        a_first(r.first_token_time)
+        a_finish(r.finish_time)
+        a_preempt(r.num_preemptions)
         extra = r.spec.extra  # client fields (staged runs, warm-up, retries)
-        d["stage"].append(extra.get("stage", 0))
-        d["warmup"].append(1.0 if extra.get("warmup") else 0.0)
-        d["attempts"].append(extra.get("attempts", 1))
-        d["frontend_arrival_s"].append(r.arrival_time)
+        if len(extra) > 1 or "_index" not in extra:  # (more than the client's "_index")
+            a_stage(extra.get("stage", 0))
+            a_warmup(1.0 if extra.get("warmup") else 0.0)
+            a_attempts(extra.get("attempts", 1))
+        else:
+            a_stage(0)
+            a_warmup(0.0)
+            a_attempts(1)
+        a_fe_arrival(r.arrival_time)
         fe = r.fe  # frontend.FE_*: server, tokenized, queued, engine first/last token, ...
         if fe is None:
-            _, tok, queued, e_first, it_first, e_fin, it_fin = (
-                0, r.send_time, r.send_time, _NAN, _NAN, _NAN, _NAN)
+            a_tok(r.send_time)
+            a_queued(r.send_time)
+            a_e_first(_NAN)
+            a_e_fin(_NAN)
+            a_it_first(_NAN)
+            a_it_fin(_NAN)
         else:
             _, tok, queued, e_first, it_first, e_fin, it_fin = fe
-        d["tokenized_s"].append(tok)
-        d["queued_s"].append(queued)
-        d["engine_first_token_s"].append(e_first)
-        d["engine_finish_s"].append(e_fin)
-        d["first_token_iter_s"].append(it_first)
-        d["finish_iter_s"].append(it_fin)
+            a_tok(tok)
+            a_queued(queued)
+            a_e_first(e_first)
+            a_e_fin(e_fin)
+            a_it_first(it_first)
+            a_it_fin(it_fin)
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -497,8 +510,10 @@ class Replica:
             if quiet is not None and len(inflight) == 1:
                 # Quiet steps back to back: schedule the next batch (decode group only, as
                 # schedule() + update_from_output(defer=True) would), then return the batch in
-                # flight, exactly as the loop below does, while no other event is due before
-                # it returns and nothing changes the batch (re-checked every step).
+                # flight, exactly as the loop below does, while nothing changes the batch
+                # (re-checked every step); when another event is due before that return, the
+                # loop below waits for it (the next batch is scheduled either way: vLLM
+                # schedules it before the batch in flight returns).
                 ran = False
                 while True:
                     old = inflight[0]
@@ -508,8 +523,6 @@ class Replica:
                     now = env.now
                     o_end = old[1]
                     t = now + (o_end - now) if o_end > now else now  # where it returns
-                    if t >= env.peek():
-                        break
                     dt = quiet_seconds()
                     end = (last_end if last_end > now else now) + dt
                     b_w: list = []
@@ -520,6 +533,8 @@ class Replica:
                     last_end = end
                     self.busy_seconds += dt
                     inflight.append((out, end, dt, pending, (), b_w))
+                    if t >= env.peek():  # another event first: wait for the return below
+                        break
                     inflight.popleft()
                     env._now = t
                     ran = True

@@ -181,15 +181,22 @@ class _Ingress:
 
 class _ApiServer:
     """One API-server process: its asyncio thread (FIFO, ``busy`` = when it is next free) and
-    its tokenizer thread (micro-batches, ``tok_free`` = when the batcher takes the next)."""
+    its tokenizer thread (micro-batches, ``tok_free`` = when the batcher takes the next; the
+    window being filled opens at ``opened`` and closes by ``deadline``; ``gen`` numbers the
+    windows so that an event of a closed one is ignored; ``settled``: the close is known (a
+    full batch at ``opened``, or the deadline once ``opened`` was looked at))."""
 
-    __slots__ = ("busy", "ingress", "last_done", "last_start", "tok_free", "wake")
+    __slots__ = ("busy", "deadline", "gen", "ingress", "last_done", "last_start",
+                 "opened", "settled", "tok_free")
 
     def __init__(self):
         self.busy = 0.0
         self.tok_free = 0.0
         self.ingress = _Ingress()
-        self.wake: simpy.Event | None = None
+        self.opened = -1.0  # < 0: no window open
+        self.deadline = 0.0
+        self.settled = False
+        self.gen = 0
         self.last_start = 0.0  # output work of the latest engine step: start, end
         self.last_done = 0.0
 
@@ -260,8 +267,6 @@ class Frontend:
         self._pending: list | None = None
         self.num_batches = 0
         self.busy_seconds = [0.0] * self.n
-        for i in range(self.n):
-            env.process(self._tokenizer(i))
 
     # -- request path --------------------------------------------------------------------------
 
@@ -276,46 +281,97 @@ class Frontend:
         s.busy = done
         self.busy_seconds[i] += self.p.request_s
         s.ingress.push(spec, send, done)  # done: vLLM's arrival_time (the renderer starts)
-        if s.wake is not None and not s.wake.triggered:
-            s.wake.succeed()
+        if s.opened < 0:
+            self._window(i, True)
+        elif not s.settled and send <= s.opened:
+            self._full(i)
 
-    def _tokenizer(self, i: int):
-        """vLLM's ``AsyncMicrobatchTokenizer._batch_encode_loop`` for API server ``i``."""
-        env, p = self.env, self.p
+    # -- tokenizer: vLLM's ``AsyncMicrobatchTokenizer._batch_encode_loop``, one per API server
+    # A batch window opens at its first prompt's arrival_time or when the previous batch is
+    # tokenized, whichever is later (``opened``), and closes ``tokenizer_batch_wait_s`` later
+    # (``deadline``) with every prompt queued by then, or at ``opened`` when 32 prompts
+    # (``tokenizer_max_batch``) are queued by then and the 32nd arrives by the deadline (it
+    # closes at that arrival). Events: one at the close (the deadline, or ``opened`` for a full
+    # batch) and one when the batch reaches the engine core.
+
+    def _window(self, i: int, idle: bool) -> None:
+        """Open server ``i``'s next window (its queue is not empty). ``idle``: the first prompt
+        was just queued to an idle tokenizer, which takes it as its next event (a window that
+        opens now is looked at after the events already due now)."""
         s = self.servers[i]
         q = s.ingress
-        wait, cap, per_tok = p.tokenizer_batch_wait_s, p.tokenizer_max_batch, \
-            p.tokenize_per_token_s
-        ipc = p.ipc_s
-        while True:
-            if not q:
-                s.wake = env.event()
-                yield s.wake
-                s.wake = None
-                continue
-            # the batcher takes the first queued prompt once the previous batch is done
-            opened = max(q.at(0), s.tok_free)
-            if opened > env.now:
-                yield env.timeout(opened - env.now)
-            deadline = opened + wait
-            # 32 prompts already queued by the deadline close the window at the 32nd
-            if len(q) >= cap and q.at(cap - 1) <= deadline:
-                close = max(opened, q.at(cap - 1))
+        now = self.env.now
+        opened = q.at(0)
+        if s.tok_free > opened:
+            opened = s.tok_free
+        s.opened, s.deadline = opened, opened + self.p.tokenizer_batch_wait_s
+        s.settled = False
+        s.gen += 1
+        if opened <= now:
+            if idle:
+                self._at(0.0, self._at_opened, i, s.gen)
             else:
-                if deadline > env.now:
-                    yield env.timeout(deadline - env.now)
-                close = deadline  # (a 32nd prompt queued mid-window: closed at the deadline)
-            batch = []
-            tokens = 0
-            while len(q) and len(batch) < cap and q.at(0) <= close:
-                item = q.pop()
-                batch.append(item)
-                tokens += item[0].prompt_len
-            done = max(close, env.now) + per_tok * tokens
-            s.tok_free = done
-            self.num_batches += 1
-            ev = env.timeout(done + ipc - env.now)
-            ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
+                self._at_opened(i, s.gen)
+        elif not self._full(i):
+            self._at(s.deadline - now, self._at_deadline, i, s.gen)
+
+    def _full(self, i: int) -> bool:
+        """Whether 32 prompts queued by ``opened`` close the window then (the 32nd arrived by
+        the deadline); if so, the close is set for ``opened``."""
+        s = self.servers[i]
+        q, cap = s.ingress, self.p.tokenizer_max_batch
+        if len(q) >= cap and q.at(cap - 1) <= s.deadline:
+            s.settled = True
+            self._at(s.opened - self.env.now, self._at_opened, i, s.gen)
+            return True
+        return False
+
+    def _at(self, delay: float, fn, i: int, gen: int) -> None:
+        ev = self.env.timeout(delay)
+        ev.callbacks.append(lambda _ev: fn(i, gen))
+
+    def _at_opened(self, i: int, gen: int) -> None:
+        """The window's opening: a full batch closes now, else at the deadline."""
+        s = self.servers[i]
+        if gen != s.gen:
+            return
+        q, cap = s.ingress, self.p.tokenizer_max_batch
+        now = self.env.now
+        if len(q) >= cap and q.at(cap - 1) <= s.deadline:
+            c = q.at(cap - 1)
+            self._close(i, c if c > s.opened else s.opened)
+        elif s.deadline > now:
+            s.settled = True  # (a prompt queued later does not fill it)
+            self._at(s.deadline - now, self._at_deadline, i, gen)
+        else:
+            self._close(i, s.deadline)
+
+    def _at_deadline(self, i: int, gen: int) -> None:
+        s = self.servers[i]
+        if gen == s.gen:
+            self._close(i, s.deadline)
+
+    def _close(self, i: int, close: float) -> None:
+        """Take the batch (at most 32 prompts queued by ``close``); it reaches the engine core
+        ``tokenize_per_token_s`` per prompt token and one IPC hop later."""
+        s = self.servers[i]
+        q, cap = s.ingress, self.p.tokenizer_max_batch
+        now = self.env.now
+        batch = []
+        tokens = 0
+        while len(q) and len(batch) < cap and q.at(0) <= close:
+            item = q.pop()
+            batch.append(item)
+            tokens += item[0].prompt_len
+        done = (close if close > now else now) + self.p.tokenize_per_token_s * tokens
+        s.tok_free = done
+        s.opened = -1.0
+        s.gen += 1  # (events of this window are void)
+        self.num_batches += 1
+        ev = self.env.timeout(done + self.p.ipc_s - now)
+        ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
+        if len(q):
+            self._window(i, False)
 
     def _to_engine(self, batch: list, server: int, tokenized: float) -> None:
         """A tokenized batch reaches the engine core: the requests are built now."""
