@@ -121,3 +121,44 @@ def test_client_times_follow_the_engine(ov):
     v, c = r.itl_values, r.itl_counts
     ev, ec = r.engine_itl.exact_sample()
     assert math.isclose((v * c).sum(), (ev * ec).sum(), rel_tol=1e-3)
+
+
+def test_tokenizer_windows_by_hand():
+    """vLLM's micro-batching tokenizer, event by event (unit u = 2^-10 s, so every time is
+    exact): request work u, 16-token prompts tokenized in u, a window of 3u, 3 prompts per
+    batch, IPC u/2. Worked by hand:
+
+    - 4 prompts sent at 0 reach the tokenizer at 1, 2, 3, 4. The window opens at 1 with all
+      4 queued and the 3rd arrived by the deadline 4: a full batch (0, 1, 2) closes at the
+      3rd's arrival, 3, tokenized at 3 + 3 = 6. Prompt 3 opens the next window when the
+      tokenizer is free (6); prompt 4 (sent at 7, queued at 8) arrives by its deadline 9:
+      batch (3, 4), tokenized at 9 + 2 = 11.
+    - Prompts 5-8 sent at 11, 11.25, 11.5, 11.75 queue at 12, 13, 14, 15; the window opens at
+      12 (the tokenizer idle since 11), full by then with the 3rd at 14, before the deadline
+      15: batch (5, 6, 7) closes at 14, tokenized at 17; prompt 8 waits for the tokenizer:
+      window 17-20, tokenized at 21. Each batch reaches the engine u/2 later."""
+    import simpy
+    from servesim.simulator.frontend import Frontend
+    from servesim.workloads.schema import RequestSpec
+
+    u = 2.0 ** -10
+    p = FrontendParams(request_s=u, tokenize_per_token_s=u / 16, ipc_s=u / 2,
+                       detokenize_per_token_s=0.0, tokenizer_batch_wait_s=3 * u,
+                       tokenizer_max_batch=3)
+    env = simpy.Environment()
+    got = {}
+    fe = Frontend(env, p, 1, lambda r: got.__setitem__(r.index, (r.fe[1] / u, env.now / u)),
+                  lambda r: None, max_model_len=4096)
+    sends = [0, 0, 0, 0, 7, 11, 11.25, 11.5, 11.75]
+
+    def client():
+        for i, t in enumerate(sends):
+            if t * u > env.now:
+                yield env.timeout(t * u - env.now)
+            fe.submit(RequestSpec(t * u, 16, 1, extra={"_index": i}), env.now)
+
+    env.process(client())
+    env.run()
+    tokenized = [6, 6, 6, 11, 11, 17, 17, 17, 21]
+    assert got == {i: (t, t + 0.5) for i, t in enumerate(tokenized)}
+    assert fe.num_batches == 4
