@@ -303,6 +303,33 @@ class Calibration:
             inside = False
         return sec, self.provenance("prefill_attention", inside)
 
+    def prefill_fn(self, heads: int, kv_heads: int, head_dim: int, kv_dtype: str):
+        """:meth:`prefill` for one head layout as a function of (chunk, context), the
+        layout's table, floor and provenance looked up once (the simulator's hot path: a new
+        (chunk, context) point at almost every prefill chunk); None without a table."""
+        got = self._attn("prefill_attention", kv_dtype)
+        if got is None:
+            return None
+        t, same = got
+        if not same:  # (scaled from another KV dtype's table)
+            return lambda chunk, context: self.prefill(heads, kv_heads, head_dim, kv_dtype,
+                                                       chunk, context)
+        has_ctx = t.axes[4][-1] > 0
+        lookup = t.lookup
+        prov = {ok: self.provenance("prefill_attention", ok) for ok in (True, False)}
+        key0 = (head_dim, kv_heads, heads, 1, 0)
+        f = 0.0 if has_ctx else self.prefill_floor(t, key0)
+
+        def prefill(chunk: float, context: float) -> tuple[float, str]:
+            if context <= 0 or has_ctx:
+                sec, inside = lookup((head_dim, kv_heads, heads, 1, context), chunk)
+            else:
+                full, inside = lookup(key0, context + chunk)
+                sec = f + max(0.0, full - f) * causal_pairs(chunk, context) / causal_pairs(
+                    context + chunk, 0)
+            return sec, prov[inside]
+        return prefill
+
     @staticmethod
     def prefill_floor(t: Table, key: tuple) -> float:
         """Fastest measured time of the prefill curve ``key`` (or its interpolation at the

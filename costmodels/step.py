@@ -335,6 +335,7 @@ class StepCostModel:
             self._attn_unified = cal.unified_attention()
         self._dec_cache: dict[tuple[int, int], tuple[float, str]] = {}
         self._pre_cache: dict[tuple[int, int], tuple[float, str]] = {}
+        self._cal_prefill = cal.prefill_fn(*self._layout) if self._cal_pre else None
         self._moe_cache: dict[int, tuple[float, str] | None] = {}
 
         # -- CPU launches per step, by runtime mode (the LM head/sampler run eagerly always) -----
@@ -674,7 +675,7 @@ class StepCostModel:
             p16 = key[1] << 4
             w = self.window
             pe = min(p16, w) if w else p16
-            t, prov = self.calibration.prefill(*self._layout, c, pe)
+            t, prov = self._cal_prefill(c, pe)
             if w and c > w:
                 t *= (_window_pairs(p16 + c, w) - _window_pairs(p16, w)) / (
                     c * pe + c * (c + 1) / 2)

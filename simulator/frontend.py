@@ -137,11 +137,12 @@ def resolve_frontend(cfg, calibration=None) -> tuple[FrontendParams | None, int,
 
 
 class _Ingress:
-    """Requests waiting for an API server's tokenizer, FIFO: (spec, send, arrival) tuples while
-    few, compact columns (``engine.Parked`` plus arrival times) beyond ``SHORT``, so a burst of
-    millions sent at once holds no per-request objects."""
+    """Requests waiting for an API server's tokenizer, FIFO: (spec, send, arrival) tuples for
+    the first ``SHORT`` (≈ 0.3 KB each), compact columns (``engine.Parked`` plus arrival times)
+    beyond, so a burst of millions sent at once holds no per-request objects (a spec is
+    rebuilt when it leaves the columns: kept for bursts past the objects' memory budget)."""
 
-    SHORT = 256
+    SHORT = 65_536
 
     def __init__(self):
         from servesim.simulator.engine import Parked

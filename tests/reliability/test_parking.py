@@ -28,6 +28,7 @@ CASES = {
 def test_parking_changes_nothing(case, monkeypatch, tmp_path):
     ov = ["workload.num_prompts=1500", "workload.request_rate=60", *CASES[case]]
     cfg = resolve_config(load_config(CONFIG, ov))
+    monkeypatch.setattr(runner, "PARK_AFTER", 0)
     monkeypatch.setattr(runner, "PARK_AFTER_SEQS", 1)
     parked_calls = []
     orig = Parked.push
@@ -61,3 +62,28 @@ def test_parked_round_trip_keeps_specs():
     assert (a.arrival_s, a.prompt_len, a.output_len, a.request_id, a.prefix_block_ids,
             a.extra, ta) == (0.5, 10, 3, "0", ids, {"_index": 0}, 0.5)
     assert b is odd and tb == 0.9 and len(p) == 0
+
+
+def test_compact_tokenizer_queue_changes_nothing(monkeypatch, tmp_path):
+    """A burst sent at once waits for the API server's tokenizer in compact columns past
+    ``_Ingress.SHORT`` (65,536 normally): the same run with the columns from the 5th request
+    on writes byte-identical files."""
+    from servesim.simulator import frontend
+
+    cfg = resolve_config(load_config(CONFIG, ["workload.num_prompts=600",
+                                              "workload.request_rate=inf"]))
+    write_run(run_experiment(cfg, resolved=True), tmp_path / "plain", date="20260101-000000")
+    pushed = []
+    orig = Parked.push
+
+    def spy(self, spec, t):
+        pushed.append(t)
+        orig(self, spec, t)
+
+    monkeypatch.setattr(frontend._Ingress, "SHORT", 4)
+    monkeypatch.setattr(Parked, "push", spy)
+    write_run(run_experiment(cfg, resolved=True), tmp_path / "compact", date="20260101-000000")
+    assert len(pushed) > 500  # the tail really waited in columns
+    for name in ("requests.csv", "timeseries.csv", "result.json"):
+        assert ((tmp_path / "compact" / name).read_bytes()
+                == (tmp_path / "plain" / name).read_bytes()), name
