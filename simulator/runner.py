@@ -27,11 +27,13 @@ from servesim.simulator.scheduler import SchedulerParams
 
 # Beyond this many steps timeseries.csv is sampled every second instead of every step.
 MAX_STEP_ROWS = 200_000
-# A single FCFS engine keeps up to PARK_AFTER requests (≈ 1 KB each as objects: ≤ 64 MB) in
-# its waiting queue, and at least PARK_AFTER_SEQS × max_num_seqs (+64); later arrivals wait in
-# the client's compact Parked queue (≈ 50 bytes each: a burst of millions in bounded memory).
-# Parking changes no decision (the engine looks at the queue's head only); it costs a request
-# rebuilt when it moves in, so it is kept for bursts larger than the objects' memory budget.
+# A single FCFS engine keeps PARK_AFTER_SEQS × max_num_seqs (+64) requests in its waiting
+# queue; later arrivals wait in the client's compact Parked queue (≈ 50 bytes each instead of
+# ≈ 1 KB of objects: a burst of millions in bounded memory). Parking changes no decision (the
+# engine looks at the queue's head only) but rebuilds each request as it moves in (~8% of a
+# 20k-request burst), and a long queue of objects costs more than that in collector and cache
+# time in a long run (measured at 1M requests): a workload of at most PARK_AFTER requests
+# never parks, a larger one parks early.
 PARK_AFTER = 65_536
 PARK_AFTER_SEQS = 2
 # Young-generation threshold of the cyclic GC while simulating (CPython's default is 700).
@@ -338,7 +340,10 @@ def _park_after(cfg: ExperimentConfig) -> int | None:
     s = cfg.scheduler
     if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1 or cfg.lora.enable_lora:
         return None
-    return max(PARK_AFTER, PARK_AFTER_SEQS * s.max_num_seqs + 64)
+    n = getattr(cfg.workload, "num_prompts", None)  # (random and synthetic workloads)
+    if n is not None and n <= PARK_AFTER:
+        return max(PARK_AFTER, PARK_AFTER_SEQS * s.max_num_seqs + 64)
+    return PARK_AFTER_SEQS * s.max_num_seqs + 64
 
 
 class StepSampler:
