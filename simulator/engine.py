@@ -811,6 +811,23 @@ class Client:
             self.control.sent(req)
         self._admit(req)
 
+    def arrive_tokenized(self, spec: RequestSpec, send: float, arrival: float, server: int,
+                         tokenized: float, queued: float) -> None:
+        """A request through the frontend reaches the engine core (``arrival``: vLLM's
+        arrival_time; the frontend's timestamps): parked as columns when the engine's queue is
+        full (no ``Request`` built until it moves in), else built and passed to :meth:`_arrive`."""
+        parked = self.parked
+        if (parked is not None and self.control is None
+                and (len(parked) or self.replicas[0].scheduler.num_waiting >= self.park_after)
+                and not self._rejection(*Request.limits(spec, self.max_model_len))):
+            parked.push(spec, send)
+            self.frontend.held.push(arrival, tokenized, queued, server)
+            return
+        req = Request(spec, spec.extra["_index"], self.max_model_len, send)
+        req.arrival_time = arrival
+        req.fe = [server, tokenized, queued, _NAN, _NAN, _NAN, _NAN]
+        self._arrive(req)
+
     def _arrive(self, req: Request) -> None:
         """A request through the frontend reaches the engine core; vLLM's API server refuses
         it just before (after tokenization), else it is admitted."""
@@ -834,7 +851,8 @@ class Client:
             self._live.pop(req.index, None)
             parked.push(spec, req.send_time)
             if self.frontend is not None:
-                self.frontend.held.push(req)
+                fe = req.fe
+                self.frontend.held.push(req.arrival_time, fe[1], fe[2], fe[0])
             return
         self._live[req.index] = req
         if len(self.replicas) == 1:
@@ -875,21 +893,25 @@ class Client:
             replica.add_request(req)
 
     def _reject_reason(self, req: Request) -> str:
-        """Why the API server refuses ``req`` ("" if it does not): an empty prompt, vLLM's
+        """Why the API server refuses ``req`` ("" if it does not), :meth:`_rejection`."""
+        return self._rejection(req.prompt_len, req.max_tokens, req.eos_after)
+
+    def _rejection(self, p: int, m: int, eos_after: int | None) -> str:
+        """Why the API server refuses a request of prompt ``p``, ``max_tokens`` ``m``, EOS
+        after ``eos_after`` outputs ("" if it does not): an empty prompt, vLLM's
         context-length check (``TokenizeParams._token_len_check``: prompt + max_tokens must
         fit in max_model_len, whether or not ``ignore_eos`` is set; without an explicit
         ``max_tokens`` it is what fits, at least 1), or a sequence the whole KV cache cannot
         hold."""
         mml = self.max_model_len
-        if req.prompt_len <= 0:
+        if p <= 0:
             return "empty prompt"
-        p, m = req.prompt_len, req.max_tokens
         if p + m > mml:
             return (f"This model's maximum context length is {mml} tokens. However, you "
                     f"requested {m} output tokens and your prompt contains {p} input tokens, "
                     f"for a total of {p + m} tokens. Please reduce the length of the input "
                     "prompt or the number of requested output tokens.")
-        final = req.prompt_len + min(req.max_tokens, req.eos_after or req.max_tokens)
+        final = p + min(m, eos_after or m)
         need = -(-min(final, mml) // self.block_size)
         if self.max_request_blocks is not None:
             need = min(need, self.max_request_blocks)

@@ -60,10 +60,11 @@ Requests the API server refuses (prompt too long for ``max_model_len``, ...) are
 when they would reach the engine core (after tokenization, as vLLM's serving layer does).
 
 Cost. No event per token or per request: per engine step one O(1) update per API server (plus
-the explicitly scheduled rows), per tokenizer batch two events, and, under
-``max_concurrency`` only, one event per step with finished requests (the client's slot frees
-when it sees them finish). Requests waiting for a tokenizer are kept as specs (compact
-columns beyond a few hundred), built into ``Request`` objects when they reach the engine.
+the explicitly scheduled rows), per tokenizer batch two events (its close, its arrival at
+the engine core), and, under ``max_concurrency`` only, one event per step with finished
+requests (the client's slot frees when it sees them finish). Requests waiting for a tokenizer
+are kept as specs (compact columns beyond 65,536), built into ``Request`` objects by the
+client when they reach the engine core (unless it parks them).
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 
 import simpy
-from servesim.simulator.request import Request
 
 # (name, unit, what) of the fitted parameters, in table order
 FIT_PARAMS = ("request_s", "tokenize_per_token_s", "ipc_s", "detokenize_per_token_s")
@@ -218,13 +218,12 @@ class Held:
         self.cols = (array("d"), array("d"), array("d"), array("q"))
         self.head = 0
 
-    def push(self, req) -> None:
+    def push(self, arrival: float, tokenized: float, queued: float, server: int) -> None:
         a, t, q, s = self.cols
-        fe = req.fe
-        a.append(req.arrival_time)
-        t.append(fe[1])
-        q.append(fe[2])
-        s.append(fe[0])
+        a.append(arrival)
+        t.append(tokenized)
+        q.append(queued)
+        s.append(server)
 
     def pop_into(self, req) -> None:
         a, t, q, s = self.cols
@@ -241,8 +240,9 @@ class Held:
 class Frontend:
     """``api_server_count`` API servers between the client and the engine replicas.
 
-    ``submit(req)`` takes a request at its send time and hands it to ``admit(req)`` (the
-    client's engine-side dispatch) when it reaches the engine core; ``on_step`` (called by
+    ``submit(spec, send)`` takes a request at its send time and hands it to ``admit(spec,
+    send, arrival_time, server, tokenized, queued)`` (the client's engine-side dispatch) when
+    it reaches the engine core; ``on_step`` (called by
     the recorder after each engine step) computes when the step's tokens reach the client;
     ``on_engine_finish(req)`` defers the client's ``on_finish`` to that moment."""
 
@@ -375,14 +375,12 @@ class Frontend:
             self._window(i, False)
 
     def _to_engine(self, batch: list, server: int, tokenized: float) -> None:
-        """A tokenized batch reaches the engine core: the requests are built now."""
+        """A tokenized batch reaches the engine core: ``admit(spec, send time, arrival_time,
+        API server, tokenized, queued)`` for each request (the client builds it)."""
         now = self.env.now
-        admit, mml = self.admit, self.max_model_len
+        admit = self.admit
         for spec, send, t in batch:
-            r = Request(spec, spec.extra["_index"], mml, send)
-            r.arrival_time = t
-            r.fe = [server, tokenized, now, _NAN, _NAN, _NAN, _NAN]
-            admit(r)
+            admit(spec, send, t, server, tokenized, now)
 
     # -- output path ---------------------------------------------------------------------------
 

@@ -109,17 +109,21 @@ class Request:
         "target",
     )
 
+    @staticmethod
+    def limits(spec: RequestSpec, max_model_len: int) -> tuple[int, int, int | None]:
+        """(prompt_len, max_tokens, eos_after) of ``spec``: with ``ignore_eos`` the output
+        length is the cap; else the API default max_tokens (whatever fits in max_model_len)
+        with EOS after the output length."""
+        p = int(spec.prompt_len)
+        if spec.ignore_eos:
+            return p, int(spec.output_len), None
+        return p, max(max_model_len - p, 1), int(spec.output_len)
+
     def __init__(self, spec: RequestSpec, index: int, max_model_len: int, send_time: float):
         self.spec = spec
         self.index = index
         self.request_id = spec.request_id if spec.request_id is not None else str(index)
-        self.prompt_len = int(spec.prompt_len)
-        if spec.ignore_eos:
-            self.max_tokens = int(spec.output_len)
-            self.eos_after = None
-        else:  # the API default max_tokens: whatever fits in max_model_len
-            self.max_tokens = max(max_model_len - self.prompt_len, 1)
-            self.eos_after = int(spec.output_len)
+        self.prompt_len, self.max_tokens, self.eos_after = Request.limits(spec, max_model_len)
         self.priority = spec.priority
         # vLLM's arrival_time (the API server's renderer starts; priority order): the client's
         # send time unless a frontend (simulator/frontend.py) moves it later. ``fe``: the

@@ -118,7 +118,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
     frontend = None
     if fe_params is not None:  # API servers between client and engines (frontend.py)
-        frontend = Frontend(env, fe_params, n_api, lambda r: client_box[0]._arrive(r),
+        frontend = Frontend(env, fe_params, n_api,
+                            lambda *a: client_box[0].arrive_tokenized(*a),
                             lambda r: client_box[0].on_finish(r), rec, max_model_len=mml)
         rec.on_step = frontend.on_step
         on_finish = frontend.on_engine_finish
@@ -186,7 +187,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             # the client acts on a finish (a free concurrency slot, a stage barrier, a
             # timeout watch) only when it sees it: after the step's output work
             frontend.defer_finish = max_concurrency is not None or control is not None
-            frontend.admit, frontend.client_finish = client._arrive, client.on_finish
+            frontend.admit, frontend.client_finish = client.arrive_tokenized, client.on_finish
         with _quiet_gc():
             env.run()
         client.finalize()
