@@ -164,7 +164,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     control = _client_control(cfg, meta)
     if request_sink is not None:  # (the columns requests.csv gets)
         request_sink(("meta", {"client_columns": control is not None}))
-    park_after = _park_after(cfg)
+    park_after = _park_after(cfg, workload.meta.get("num_prompts"))
     if control is not None and (control["request_timeout_s"] is not None or any(
             st.get("grace_s") is not None for st in control["stages"] or ())):
         park_after = None  # aborts take requests out of the engine's queues, not the park's
@@ -333,15 +333,16 @@ def _quiet_gc():
         gc.unfreeze()
 
 
-def _park_after(cfg: ExperimentConfig) -> int | None:
+def _park_after(cfg: ExperimentConfig, num_requests: int | None) -> int | None:
     """How many waiting requests a single vLLM-FCFS engine holds before the client parks the
-    rest compactly (``engine.Parked``); None where parking could change a decision (other
-    policies reorder or scan the whole queue; several replicas route by queue length; LoRA's
-    waiting loop skips past requests whose adapter cannot join)."""
+    rest compactly (``engine.Parked``), for a workload of ``num_requests`` (None: unknown);
+    None where parking could change a decision (other policies reorder or scan the whole
+    queue; several replicas route by queue length; LoRA's waiting loop skips past requests
+    whose adapter cannot join)."""
     s = cfg.scheduler
     if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1 or cfg.lora.enable_lora:
         return None
-    n = getattr(cfg.workload, "num_prompts", None)  # (random and synthetic workloads)
+    n = num_requests
     if n is not None and n <= PARK_AFTER:
         return max(PARK_AFTER, PARK_AFTER_SEQS * s.max_num_seqs + 64)
     return PARK_AFTER_SEQS * s.max_num_seqs + 64

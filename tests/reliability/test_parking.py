@@ -40,7 +40,7 @@ def test_parking_changes_nothing(case, monkeypatch, tmp_path):
     monkeypatch.setattr(Parked, "push", spy)
     write_run(run_experiment(cfg, resolved=True), tmp_path / "parked", date="20260101-000000")
     assert len(parked_calls) > 100  # the case really overloads the engine
-    monkeypatch.setattr(runner, "_park_after", lambda cfg: None)
+    monkeypatch.setattr(runner, "_park_after", lambda cfg, n: None)
     write_run(run_experiment(cfg, resolved=True), tmp_path / "plain", date="20260101-000000")
     for name in ("requests.csv", "timeseries.csv", "result.json"):
         assert ((tmp_path / "parked" / name).read_bytes()
