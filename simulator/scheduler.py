@@ -37,7 +37,7 @@ identical decisions; ``tests/simulator/test_properties.py`` checks it on random 
 from __future__ import annotations
 
 import heapq
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -243,7 +243,9 @@ class Scheduler:
         self._k = 0  # fast-step counter: members' counters are stale by (_k - d_mark)
         self._group: dict[Request, None] = {}
         self._partials: list[Request] = []  # running requests not in the group, in order
-        self._alloc_buckets: list[set[Request]] = [set() for _ in range(self.block_size)]
+        # Members by the step (mod block_size) at which their next token starts a new block,
+        # each bucket in running order (``run_seq``): the order blocks are handed out.
+        self._alloc_buckets: list[list[Request]] = [[] for _ in range(self.block_size)]
         # Members cached step by step, by step mod block_size: those whose decode fills blocks
         # of shareable content (a session's prefix ids run on into its output), every member
         # when the KV cache has a write-through hook (``_cache_eager``); the others' unique
@@ -376,7 +378,7 @@ class Scheduler:
         req.d_mark = k
         req.d_computed = c0
         self._group[req] = None
-        self._alloc_buckets[(k - c0) % bs].add(req)
+        insort(self._alloc_buckets[(k - c0) % bs], req, key=_by_run_seq)
         if self._cache_eager(req):
             self._cache_buckets[(k - c0 - self._cache_shift) % bs].add(req)
         target, _ = self._target_outputs(req)
@@ -415,7 +417,8 @@ class Scheduler:
                 nf = (req.num_computed_tokens - 1 + shift) // bs  # ... and at the last
                 if nf > (first - 1) // bs and nf > req.num_cached_blocks:
                     req.num_cached_blocks = nf
-        self._alloc_buckets[(req.d_mark - req.d_computed) % bs].discard(req)
+        bucket = self._alloc_buckets[(req.d_mark - req.d_computed) % bs]
+        del bucket[bisect_left(bucket, req.run_seq, key=_by_run_seq)]
         self._cache_buckets[(req.d_mark - req.d_computed - self._cache_shift) % bs].discard(req)
         self._ctx_sum -= req.num_computed_tokens + 1
         del self._group[req]
@@ -487,8 +490,7 @@ class Scheduler:
         bs = self.block_size
         bucket = self._alloc_buckets[k % bs]
         if bucket:
-            self.kv.append_decode_blocks(
-                sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket))
+            self.kv.append_decode_blocks(bucket)
         cache = self._cache_buckets[k % bs]
         if cache and self.kv.enable_caching:
             self._cache_members(cache, k)
@@ -642,7 +644,7 @@ class Scheduler:
         # ids decide where a later free puts which cached block in the LRU queue).
         kv = self.kv
         if bucket:
-            members = sorted(bucket, key=_by_run_seq) if len(bucket) > 1 else list(bucket)
+            members = bucket
             if plan_blocks:  # members and partial rows interleave in running order
                 i = 0
                 nm = len(members)
