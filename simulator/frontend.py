@@ -184,8 +184,8 @@ class _ApiServer:
     """One API-server process: its asyncio thread (FIFO, ``busy`` = when it is next free) and
     its tokenizer thread (micro-batches, ``tok_free`` = when the batcher takes the next; the
     window being filled opens at ``opened`` and closes by ``deadline``; ``gen`` numbers the
-    windows so that an event of a closed one is ignored; ``settled``: the close is known (a
-    full batch at ``opened``, or the deadline once ``opened`` was looked at))."""
+    windows so that an event of a closed one is ignored; ``settled``: a full batch closes it
+    at ``opened``)."""
 
     __slots__ = ("busy", "deadline", "gen", "ingress", "last_done", "last_start",
                  "opened", "settled", "tok_free")
@@ -207,6 +207,7 @@ class _ApiServer:
 FE_SERVER, FE_TOKENIZED, FE_QUEUED, FE_ENGINE_FIRST, FE_FIRST_ITER, FE_ENGINE_FINISH, \
     FE_FINISH_ITER = range(7)
 _NAN = float("nan")
+_LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1) at the same instant
 
 
 class Held:
@@ -293,7 +294,8 @@ class Frontend:
     # (``deadline``) with every prompt queued by then, or at ``opened`` when 32 prompts
     # (``tokenizer_max_batch``) are queued by then and the 32nd arrives by the deadline (it
     # closes at that arrival). Events: one at the close (the deadline, or ``opened`` for a full
-    # batch) and one when the batch reaches the engine core.
+    # batch) and one when the batch reaches the engine core. "By then" includes prompts sent at
+    # that very instant (the window's events come last among the instant's events).
 
     def _window(self, i: int, idle: bool) -> None:
         """Open server ``i``'s next window (its queue is not empty). ``idle``: the first prompt
@@ -328,8 +330,12 @@ class Frontend:
         return False
 
     def _at(self, delay: float, fn, i: int, gen: int) -> None:
-        ev = self.env.timeout(delay)
+        """``fn(i, gen)`` ``delay`` seconds from now, after every other event of that instant
+        (a prompt sent at the very instant a window opens or closes is in the queue then)."""
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
         ev.callbacks.append(lambda _ev: fn(i, gen))
+        self.env.schedule(ev, _LATE, delay)
 
     def _at_opened(self, i: int, gen: int) -> None:
         """The window's opening: a full batch closes now, else at the deadline."""
@@ -341,8 +347,7 @@ class Frontend:
         if len(q) >= cap and q.at(cap - 1) <= s.deadline:
             c = q.at(cap - 1)
             self._close(i, c if c > s.opened else s.opened)
-        elif s.deadline > now:
-            s.settled = True  # (a prompt queued later does not fill it)
+        elif s.deadline > now:  # (a prompt sent later is past ``opened``: no new check)
             self._at(s.deadline - now, self._at_deadline, i, gen)
         else:
             self._close(i, s.deadline)

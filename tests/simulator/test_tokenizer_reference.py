@@ -1,10 +1,11 @@
 """The API server's tokenizer (``Frontend``'s window events) against a plain reference: vLLM's
 ``AsyncMicrobatchTokenizer._batch_encode_loop`` written as the loop it is (a SimPy process that
 sleeps until the window opens, looks at the queue, sleeps until the deadline unless 32 prompts
-are in, takes the batch), sharing no code with ``simulator/frontend.py``. Hypothesis drives
-both with the same sends (bursts, ties on a coarse grid, closed windows, full batches): every
-request reaches the engine core at the same time with the same tokenized time, and the batch
-counts agree."""
+are in, takes the batch), sharing no code with ``simulator/frontend.py``. At an instant where
+a send and a window's opening or deadline coincide, the send counts first (the loop wakes
+after the instant's other events). Hypothesis drives both with the same sends (bursts, ties on
+a coarse grid, closed windows, full batches): every request reaches the engine core at the
+same time with the same tokenized time, and the batch counts agree."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ from servesim.workloads.schema import RequestSpec
 
 SCALE = {"long": 20, "quick": 0.2}.get(os.environ.get("SERVESIM_FUZZ", ""), 1)
 U = 2.0 ** -10  # every time a multiple of U / 64: exact sums, ties where the grid makes them
+
+
+def late(env: simpy.Environment, delay: float) -> simpy.Event:
+    """An event ``delay`` from now, after the other events of that instant."""
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, None
+    env.schedule(ev, 2, delay)
+    return ev
 
 
 class RefTokenizers:
@@ -54,15 +63,13 @@ class RefTokenizers:
                 self.wakes[i] = None
                 continue
             opened = max(q[0][2], self.free[i])
-            if opened > env.now:
-                yield env.timeout(opened - env.now)
+            yield late(env, max(0.0, opened - env.now))
             deadline = opened + p.tokenizer_batch_wait_s
             cap = p.tokenizer_max_batch
             if len(q) >= cap and q[cap - 1][2] <= deadline:
                 close = max(opened, q[cap - 1][2])
             else:
-                if deadline > env.now:
-                    yield env.timeout(deadline - env.now)
+                yield late(env, max(0.0, deadline - env.now))
                 close = deadline
             batch = []
             while q and len(batch) < cap and q[0][2] <= close:
@@ -109,9 +116,10 @@ def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: i
        request_s=st.sampled_from([0, 16, 64]), per_tok=st.sampled_from([0, 1, 4]),
        ipc=st.sampled_from([0, 32]), wait=st.sampled_from([0, 64, 128, 192]),
        cap=st.integers(1, 5), n=st.integers(1, 2))
-# a prompt queued exactly when the window opens, the 2nd of a 2-prompt batch: it counts (the
-# reference looks at the queue after the client's send at that instant)
+# a prompt queued exactly when the window opens, the 2nd of a 2-prompt batch: it counts;
+# likewise when a prompt for the other API server was sent in between
 @example(gaps=[0, 16, 184], lens=[8] * 60, request_s=16, per_tok=0, ipc=0, wait=64, cap=2, n=1)
+@example(gaps=[0, 32, 32], lens=[1] * 60, request_s=64, per_tok=0, ipc=0, wait=128, cap=2, n=2)
 def test_window_events_match_the_reference_loop(gaps, lens, request_s, per_tok, ipc, wait,
                                                 cap, n):
     unit = U / 64
