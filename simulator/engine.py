@@ -108,31 +108,22 @@ class Recorder:
         a_finish(r.finish_time)
         a_preempt(r.num_preemptions)
         extra = r.spec.extra  # client fields (staged runs, warm-up, retries)
-        if len(extra) > 1 or "_index" not in extra:  # (more than the client's "_index")
-            a_stage(extra.get("stage", 0))
-            a_warmup(1.0 if extra.get("warmup") else 0.0)
-            a_attempts(extra.get("attempts", 1))
-        else:
-            a_stage(0)
-            a_warmup(0.0)
-            a_attempts(1)
+        a_stage(extra.get("stage", 0))
+        a_warmup(1.0 if extra.get("warmup") else 0.0)
+        a_attempts(extra.get("attempts", 1))
         a_fe_arrival(r.arrival_time)
         fe = r.fe  # frontend.FE_*: server, tokenized, queued, engine first/last token, ...
         if fe is None:
-            a_tok(r.send_time)
-            a_queued(r.send_time)
-            a_e_first(_NAN)
-            a_e_fin(_NAN)
-            a_it_first(_NAN)
-            a_it_fin(_NAN)
+            tok = queued = r.send_time
+            e_first = it_first = e_fin = it_fin = _NAN
         else:
             _, tok, queued, e_first, it_first, e_fin, it_fin = fe
-            a_tok(tok)
-            a_queued(queued)
-            a_e_first(e_first)
-            a_e_fin(e_fin)
-            a_it_first(it_first)
-            a_it_fin(it_fin)
+        a_tok(tok)
+        a_queued(queued)
+        a_e_first(e_first)
+        a_e_fin(e_fin)
+        a_it_first(it_first)
+        a_it_fin(it_fin)
         self.request_id.append(r.request_id)
         self.reason.append(reason)
         self.error.append(r.error)
@@ -340,6 +331,16 @@ class Replica:
 
         return record
 
+    def _advance(self, delay: float) -> bool:
+        """Move the clock ``delay`` ahead here (where ``env.timeout(delay)`` would land) when no
+        other event is due first; False: the caller yields that timeout instead."""
+        env = self.env
+        t = env.now + delay
+        if t < env.peek():
+            env._now = t
+            return True
+        return False
+
     def _trace(self, out) -> None:
         self.trace.append((out.scheduled_at, out.as_dict(),
                            [r.request_id for r in out.preempted]))
@@ -399,6 +400,7 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
+        advance = self._advance
         quiet = self._quiet_steps()
         quiet_seconds = self._quiet_seconds() if quiet is not None else None
         while True:
@@ -443,10 +445,7 @@ class Replica:
             if self.trace is not None:
                 self._trace(out)
             dt = step_seconds(out.shape)
-            end = env.now + dt
-            if end < env.peek():  # no other event first: advance the clock here
-                env._now = end
-            else:
+            if not advance(dt):  # (another event first)
                 yield env.timeout(dt)
             now = env.now
             self.busy_seconds += dt
@@ -478,6 +477,7 @@ class Replica:
         step_seconds = self.step_seconds
         on_finish = self.on_finish
         record = self._recorder()
+        advance = self._advance
         quiet = self._quiet_steps()
         quiet_seconds = self._quiet_seconds() if quiet is not None else None
         # (out, end, seconds, requests whose stop is pending, ITL samples, weighted samples)
@@ -568,14 +568,9 @@ class Replica:
                 yield from self._idle()
                 continue
             item = inflight.popleft()
-            end = item[1]
-            now = env.now
-            if end > now:
-                t = now + (end - now)  # (where env.timeout(end - now) lands)
-                if t < env.peek():  # no other event first: advance the clock here
-                    env._now = t
-                else:
-                    yield env.timeout(end - now)
+            wait = item[1] - env.now
+            if wait > 0 and not advance(wait):  # (another event first)
+                yield env.timeout(wait)
             batch_returns(item, env.now)
 
     def _run_batch_queue(self):
@@ -592,6 +587,7 @@ class Replica:
         itl_e, itl_w = self.rec.itl_explicit, self.rec.itl_weighted
         pp = self.max_concurrent_batches
         record = self._recorder()
+        advance = self._advance
         inflight: deque = deque()  # (out, start, done)
         self._inflight = inflight
         stage_free = 0.0
@@ -620,13 +616,9 @@ class Replica:
             out, start, done = inflight.popleft()
             if out is None:
                 continue
-            now = env.now
-            if done > now:
-                t = now + (done - now)  # (where env.timeout(done - now) lands)
-                if t < env.peek():  # no other event first: advance the clock here
-                    env._now = t
-                else:
-                    yield env.timeout(done - now)
+            wait = done - env.now
+            if wait > 0 and not advance(wait):  # (another event first)
+                yield env.timeout(wait)
             now = env.now
             finished = sched.update_from_output(out, now, now - start, itl_e, itl_w)
             record(out, now, now - start)
@@ -816,11 +808,9 @@ class Client:
         """A request through the frontend reaches the engine core (``arrival``: vLLM's
         arrival_time; the frontend's timestamps): parked as columns when the engine's queue is
         full (no ``Request`` built until it moves in), else built and passed to :meth:`_arrive`."""
-        parked = self.parked
-        if (parked is not None and self.control is None
-                and (len(parked) or self.replicas[0].scheduler.num_waiting >= self.park_after)
+        if (self.control is None and self._parks()
                 and not self._rejection(*Request.limits(spec, self.max_model_len))):
-            parked.push(spec, send)
+            self.parked.push(spec, send)
             self.frontend.held.push(arrival, tokenized, queued, server)
             return
         req = Request(spec, spec.extra["_index"], self.max_model_len, send)
@@ -842,14 +832,19 @@ class Client:
             self.control.sent(req)
         self._admit(req)
 
+    def _parks(self) -> bool:
+        """Whether a request reaching the engine core now waits in the compact ``parked``
+        queue (some already do, or the engine holds ``park_after`` waiting)."""
+        parked = self.parked
+        return parked is not None and (
+            len(parked) > 0 or self.replicas[0].scheduler.num_waiting >= self.park_after)
+
     def _admit(self, req: Request) -> None:
         """``req`` reaches the engine core(s): park it or route it to a replica."""
         spec = req.spec
-        parked = self.parked
-        if parked is not None and (len(parked) or
-                                   self.replicas[0].scheduler.num_waiting >= self.park_after):
+        if self._parks():
             self._live.pop(req.index, None)
-            parked.push(spec, req.send_time)
+            self.parked.push(spec, req.send_time)
             if self.frontend is not None:
                 fe = req.fe
                 self.frontend.held.push(req.arrival_time, fe[1], fe[2], fe[0])
