@@ -502,19 +502,29 @@ class Scheduler:
         self._finished_unreported = False
         self._seq += 1
         # update_from_output (the fast path's part; no explicit rows)
+        finished: list[Request] = []
+        self._group_step(out.seq, n, end, itl_dt, itl_weighted, defer, finished)
+        if finished and not defer:
+            self._remove_finished(finished, end)
+        return out, finished
+
+    def _group_step(self, seq: int, n: int, now: float, dt: float, itl_weighted: list,
+                    defer: bool, finished: list) -> None:
+        """The decode group's part of ``update_from_output`` for batch ``seq`` (``n`` members)
+        that ends at ``now``, ``dt`` after the previous output: the group's counters advance
+        one token, its ITL sample, and the members whose stop falls on this step (the finish
+        calendar) join ``finished``."""
+        k = self._k
         self._k = k + 1
         self._ctx_sum += n
         self._prev_fast_end = self._last_fast_end
-        self._last_fast_end = end
-        self._last_fast_seq = out.seq
-        itl_weighted.append((itl_dt, n))
-        finished: list[Request] = []
+        self._last_fast_end = now
+        self._last_fast_seq = seq
+        if n:
+            itl_weighted.append((dt, n))
         cal = self._finish_at.pop(k, None)
         if cal:
             self._finish_members(cal, defer, finished)
-            if finished and not defer:
-                self._remove_finished(finished, end)
-        return out, finished
 
     def _cache_eager(self, req: Request) -> bool:
         """Whether a member joining the decode group has its newly full blocks cached step by
@@ -865,18 +875,7 @@ class Scheduler:
             return self._update_advanced(out, now, itl_explicit)
         finished: list[Request] = []
         if out.fast:
-            k = self._k
-            self._k = k + 1
-            n_group = out.num_group
-            self._ctx_sum += n_group
-            self._prev_fast_end = self._last_fast_end
-            self._last_fast_end = now
-            self._last_fast_seq = out.seq
-            if n_group:
-                itl_weighted.append((dt, n_group))
-            cal = self._finish_at.pop(k, None)
-            if cal:
-                self._finish_members(cal, defer, finished)
+            self._group_step(out.seq, out.num_group, now, dt, itl_weighted, defer, finished)
         spec = self.spec
         stats = spec.new_stats() if spec is not None else None
         sampled = out.sampled = []
