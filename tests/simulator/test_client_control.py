@@ -15,16 +15,20 @@ from servesim.simulator.scheduler import Scheduler, SchedulerParams
 from servesim.workloads.schema import RequestSpec
 
 
-def _engine(num_blocks=200, step=0.01, fast_path=True, async_scheduling=False):
+def _engine(num_blocks=200, step=0.01, fast_path=True, async_scheduling=False, seqs=8,
+            budget=512):
+    """One replica (``step``: seconds per step, or a function of the batch shape) whose
+    finishes go to the client put in ``box``."""
     env = simpy.Environment()
     kv = KVCacheManager(num_blocks, 16, True, 4096)
-    sched = Scheduler(SchedulerParams(max_num_seqs=8, max_num_batched_tokens=512,
+    sched = Scheduler(SchedulerParams(max_num_seqs=seqs, max_num_batched_tokens=budget,
                                       max_model_len=4096, block_size=16,
                                       async_scheduling=async_scheduling), kv,
                       fast_path=fast_path)
     rec = Recorder()
     box = []
-    rep = Replica(env, sched, lambda shape: step, rec, lambda r: box[0].on_finish(r),
+    step_seconds = step if callable(step) else (lambda shape: step)
+    rep = Replica(env, sched, step_seconds, rec, lambda r: box[0].on_finish(r),
                   async_scheduling=async_scheduling)
     return env, kv, sched, rec, rep, box
 
@@ -110,16 +114,8 @@ def _timeout_run(fast_path: bool, async_scheduling: bool, monkeypatch=None):
     prefill, just after their first token and deep in decode (in and out of the decode
     group). With ``monkeypatch``: the engine time of every token (exact loop only)."""
     rng = np.random.default_rng(7)
-    env = simpy.Environment()
-    kv = KVCacheManager(400, 16, True, 4096)
-    sched = Scheduler(SchedulerParams(max_num_seqs=16, max_num_batched_tokens=256,
-                                      max_model_len=4096, block_size=16,
-                                      async_scheduling=async_scheduling), kv,
-                      fast_path=fast_path)
-    rec = Recorder()
-    box = []
-    rep = Replica(env, sched, lambda shape: 0.004 + 2e-5 * shape.num_tokens, rec,
-                  lambda r: box[0].on_finish(r), async_scheduling=async_scheduling)
+    env, kv, sched, rec, rep, box = _engine(400, lambda shape: 0.004 + 2e-5 * shape.num_tokens,
+                                            fast_path, async_scheduling, seqs=16, budget=256)
     specs = [RequestSpec(arrival_s=float(t), prompt_len=int(p), output_len=int(o),
                          request_id=f"r{i}")
              for i, (t, p, o) in enumerate(zip(np.sort(rng.uniform(0, 0.4, 40)),
