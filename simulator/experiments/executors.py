@@ -165,9 +165,28 @@ class ProcessExecutor(Executor):
 
     def close(self, *, kill: bool) -> None:
         self._backlog.clear()
+        if kill:
+            self._drain_work_ids()
         # loky fails the pending futures itself; killing is quick, so wait for it
         self._ex.shutdown(wait=True, kill_workers=kill)
         self._futures.clear()
+
+
+    def _drain_work_ids(self) -> None:
+        """Take back the points submitted but not yet on their way to a worker, as the
+        standard library's executor does on ``shutdown(cancel_futures=True)``. loky (joblib
+        1.5) cancels them on ``kill_workers`` but leaves their ids queued: its manager thread
+        then dies on a ``KeyError`` (a traceback on the user's terminal after Ctrl-C) without
+        closing its queues (the resource tracker's "leaked semlock" warnings). Only this
+        thread submits, so nothing can be queued after the drain."""
+        import queue
+
+        ids = getattr(self._ex, "_work_ids", None)
+        while ids is not None:
+            try:
+                ids.get_nowait()
+            except queue.Empty:
+                return
 
 
 class RayExecutor(Executor):
