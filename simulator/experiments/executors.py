@@ -175,7 +175,7 @@ class ProcessExecutor(Executor):
     def _drain_work_ids(self) -> None:
         """Take back the points submitted but not yet on their way to a worker, as the
         standard library's executor does on ``shutdown(cancel_futures=True)``. loky (joblib
-        1.5) cancels them on ``kill_workers`` but leaves their ids queued: its manager thread
+        1.6) cancels them on ``kill_workers`` but leaves their ids queued: its manager thread
         then dies on a ``KeyError`` (a traceback on the user's terminal after Ctrl-C) without
         closing its queues (the resource tracker's "leaked semlock" warnings). Only this
         thread submits, so nothing can be queued after the drain."""
