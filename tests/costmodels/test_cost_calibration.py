@@ -321,7 +321,7 @@ def _calibrated(hw: str):
 shapes = batch_shapes()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(shapes, st.sampled_from(["a100-sxm4-80gb", "h100-sxm", "b200"]))
 def test_calibrated_steps_respect_the_roofline(b, hw):
     """Measured kernels never beat the spec-sheet roofline at 100% efficiency, and the
