@@ -47,21 +47,23 @@ def printable(text: object) -> str:
                    c.encode("unicode_escape").decode("ascii") for c in s)
 
 
-def path_is_file(path) -> bool:
-    """``path.is_file()`` for a user-given name: False, not an OSError, for a name the OS
-    cannot even look up (too long, an embedded NUL byte)."""
+def _path_test(test) -> bool:
+    """``test()`` (a bound ``Path.is_file`` / ``is_dir`` of a user-given name): False, not an
+    OSError, for a name the OS cannot even look up (too long, an embedded NUL byte)."""
     try:
-        return path.is_file()
+        return test()
     except (OSError, ValueError):
         return False
+
+
+def path_is_file(path) -> bool:
+    """``path.is_file()``, False where the name cannot be looked up (:func:`_path_test`)."""
+    return _path_test(path.is_file)
 
 
 def path_is_dir(path) -> bool:
-    """``path.is_dir()``, False where the name cannot be looked up (see :func:`path_is_file`)."""
-    try:
-        return path.is_dir()
-    except (OSError, ValueError):
-        return False
+    """``path.is_dir()``, False where the name cannot be looked up (:func:`_path_test`)."""
+    return _path_test(path.is_dir)
 
 
 def short_repr(value: object, limit: int = 80) -> str:

@@ -250,9 +250,8 @@ class Frontend:
     RING = 64  # recent steps per replica kept for inter-token gap look-ups
 
     def __init__(self, env: simpy.Environment, params: FrontendParams, num_servers: int,
-                 admit, client_finish, recorder=None, max_model_len: int = 0):
+                 admit, client_finish, recorder=None):
         self.env = env
-        self.max_model_len = max_model_len
         # False when nothing waits for a finished request's client slot (no max_concurrency):
         # the client's bookkeeping then runs at once, its times already the client's
         self.defer_finish = True
@@ -318,16 +317,25 @@ class Frontend:
         elif not self._full(i):
             self._at(s.deadline - now, self._at_deadline, i, s.gen)
 
+    def _full_close(self, s: _ApiServer) -> float | None:
+        """When a full batch closes ``s``'s window: at the 32nd queued prompt's arrival if
+        it comes by the deadline (not before ``opened``), else None (not full)."""
+        q, cap = s.ingress, self.p.tokenizer_max_batch
+        if len(q) >= cap:
+            c = q.at(cap - 1)
+            if c <= s.deadline:
+                return c if c > s.opened else s.opened
+        return None
+
     def _full(self, i: int) -> bool:
         """Whether 32 prompts queued by ``opened`` close the window then (the 32nd arrived by
         the deadline); if so, the close is set for ``opened``."""
         s = self.servers[i]
-        q, cap = s.ingress, self.p.tokenizer_max_batch
-        if len(q) >= cap and q.at(cap - 1) <= s.deadline:
-            s.settled = True
-            self._at(s.opened - self.env.now, self._at_opened, i, s.gen)
-            return True
-        return False
+        if self._full_close(s) is None:
+            return False
+        s.settled = True
+        self._at(s.opened - self.env.now, self._at_opened, i, s.gen)
+        return True
 
     def _at(self, delay: float, fn, i: int, gen: int) -> None:
         """``fn(i, gen)`` ``delay`` seconds from now, after every other event of that instant
@@ -342,11 +350,10 @@ class Frontend:
         s = self.servers[i]
         if gen != s.gen:
             return
-        q, cap = s.ingress, self.p.tokenizer_max_batch
         now = self.env.now
-        if len(q) >= cap and q.at(cap - 1) <= s.deadline:
-            c = q.at(cap - 1)
-            self._close(i, c if c > s.opened else s.opened)
+        close = self._full_close(s)
+        if close is not None:
+            self._close(i, close)
         elif s.deadline > now:  # (a prompt sent later is past ``opened``: no new check)
             self._at(s.deadline - now, self._at_deadline, i, gen)
         else:

@@ -120,7 +120,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     if fe_params is not None:  # API servers between client and engines (frontend.py)
         frontend = Frontend(env, fe_params, n_api,
                             lambda *a: client_box[0].arrive_tokenized(*a),
-                            lambda r: client_box[0].on_finish(r), rec, max_model_len=mml)
+                            lambda r: client_box[0].on_finish(r), rec)
         rec.on_step = frontend.on_step
         on_finish = frontend.on_engine_finish
     else:
@@ -342,8 +342,7 @@ def _park_after(cfg: ExperimentConfig, num_requests: int | None) -> int | None:
     s = cfg.scheduler
     if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1 or cfg.lora.enable_lora:
         return None
-    n = num_requests
-    if n is not None and n <= PARK_AFTER:
+    if num_requests is not None and num_requests <= PARK_AFTER:
         return max(PARK_AFTER, PARK_AFTER_SEQS * s.max_num_seqs + 64)
     return PARK_AFTER_SEQS * s.max_num_seqs + 64
 

@@ -522,9 +522,17 @@ class Scheduler:
         self._last_fast_seq = seq
         if n:
             itl_weighted.append((dt, n))
-        cal = self._finish_at.pop(k, None)
-        if cal:
-            self._finish_members(cal, defer, finished)
+        for req in self._finish_at.pop(k, ()):  # (members that left the group: d_mark < 0)
+            if req.d_mark < 0:
+                continue
+            self._sync(req)
+            _, status = self._target_outputs(req)
+            if defer:  # it stays running, explicitly, its stop pending until the batch returns
+                req.stop_pending = status
+                insort(self._partials, req, key=_by_run_seq)
+            else:
+                req.status = status
+            finished.append(req)
 
     def _cache_eager(self, req: Request) -> bool:
         """Whether a member joining the decode group has its newly full blocks cached step by
@@ -535,22 +543,6 @@ class Scheduler:
         kv = self.kv
         return getattr(kv, "on_cache", None) is not None or \
             req.num_shared_blocks(self.block_size) > req.num_cached_blocks
-
-    def _finish_members(self, cal: list[Request], defer: bool, finished: list) -> None:
-        """Members whose stop falls on this step (the finish calendar ``cal``) leave the group
-        and stop; under async scheduling (``defer``) they stay running, explicitly, with the
-        stop pending until their batch returns. Appended to ``finished``."""
-        for req in cal:
-            if req.d_mark < 0:
-                continue
-            self._sync(req)
-            _, status = self._target_outputs(req)
-            if defer:  # it stays running, explicitly (partials are in running order)
-                req.stop_pending = status
-                insort(self._partials, req, key=_by_run_seq)
-            else:
-                req.status = status
-            finished.append(req)
 
     def _cache_members(self, cache: set[Request], k: int) -> None:
         """Step ``k`` of the decode group caches its bucket's members up to the tokens vLLM

@@ -171,7 +171,6 @@ class ProcessExecutor(Executor):
         self._ex.shutdown(wait=True, kill_workers=kill)
         self._futures.clear()
 
-
     def _drain_work_ids(self) -> None:
         """Take back the points submitted but not yet on their way to a worker, as the
         standard library's executor does on ``shutdown(cancel_futures=True)``. loky (joblib

@@ -42,15 +42,14 @@ COMMON = {"deadline": None, "derandomize": True, "database": None,
           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
                                     HealthCheck.filter_too_much]}
 
-# (arrival slot, prompt length, output length, prefix family, priority, stops on EOS)
-req_st = st.tuples(
-    st.integers(0, 24),
-    st.integers(1, 60),
-    st.integers(1, 20),
-    st.integers(0, 3),
-    st.integers(0, 3),
-    st.booleans(),
-)
+
+def requests(slots: int, prompt: tuple[int, int], output: tuple[int, int]):
+    """(arrival slot, prompt length, output length, prefix family, priority, stops on EOS)."""
+    return st.tuples(st.integers(0, slots), st.integers(*prompt), st.integers(*output),
+                     st.integers(0, 3), st.integers(0, 3), st.booleans())
+
+
+req_st = requests(24, (1, 60), (1, 20))
 
 cfg_st = st.fixed_dictionaries({
     "block_size": st.sampled_from([2, 4, 8, 16]),
@@ -244,14 +243,7 @@ def test_pipeline_parallel_matches_vllm_reference(reqs, cfg, pp, async_schedulin
 # counters and block calendar implicit), crosses many block boundaries (prefix-cached as they
 # fill, then hit again by a recompute after a preemption in the tiny caches), and requests
 # join and leave it mid-run.
-long_req_st = st.tuples(
-    st.integers(0, 60),
-    st.integers(1, 40),
-    st.integers(20, 90),
-    st.integers(0, 3),
-    st.integers(0, 3),
-    st.booleans(),
-)
+long_req_st = requests(60, (1, 40), (20, 90))
 long_cfg_st = cfg_st.map(lambda c: {**c, "max_model_len": 128, "caching": True})
 
 

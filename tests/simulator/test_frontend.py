@@ -148,7 +148,7 @@ def test_tokenizer_windows_by_hand():
     env = simpy.Environment()
     got = {}
     fe = Frontend(env, p, 1, lambda spec, send, t, server, tok, queued: got.__setitem__(
-        spec.extra["_index"], (tok / u, queued / u)), lambda r: None, max_model_len=4096)
+        spec.extra["_index"], (tok / u, queued / u)), lambda r: None)
     sends = [0, 0, 0, 0, 7, 11, 11.25, 11.5, 11.75]
 
     def client():

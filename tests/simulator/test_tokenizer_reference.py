@@ -94,7 +94,7 @@ def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: i
         fe = RefTokenizers(env, p, n, record)
     else:
         fe = Frontend(env, p, n, lambda spec, send, t, server, tok, queued: record(
-            spec.extra["_index"], server, tok, queued), lambda r: None, max_model_len=1 << 20)
+            spec.extra["_index"], server, tok, queued), lambda r: None)
 
     def client():
         for i, (t, m) in enumerate(zip(sends, lens)):
