@@ -24,6 +24,7 @@ from servesim.workloads.schema import RequestSpec
 if TYPE_CHECKING:
     from servesim.simulator.metrics import Distribution
 _NAN = float("nan")
+_INF = float("inf")
 
 
 class Recorder:
@@ -738,6 +739,9 @@ class Client:
         self._lb_counts: list[list[int]] = [[0, 0] for _ in replicas]
         self._lb_next = 0.0
         self._live: dict[int, Request] = {}  # sent, not yet ended
+        # No request is sent before this time but the one being sent now (-inf: unknown; see
+        # _arrivals): the frontend closes a tokenizer window early when no prompt can join it
+        self.next_send = -_INF
         # Compact queue behind a single FCFS engine's first ``park_after`` waiting requests
         # (see Parked); the recorder moves them in after every step and counts them waiting.
         self.park_after = park_after
@@ -755,23 +759,43 @@ class Client:
                                    and self.control.staged else self._arrivals())
 
     def _arrivals(self):
+        """Send the workload's requests at their times (session follow-ups when their parent
+        ends), keeping ``next_send`` one request ahead for the frontend."""
         env = self.env
         index = 0
-        for spec in self.specs:
+        specs = self.specs
+        # ``next_send`` is known only while every send comes from this loop in spec order:
+        # not under max_concurrency or client control (sends at finishes, stages), nor once a
+        # session follow-up (sent when its parent ends) is in the workload
+        ahead = self.max_concurrency is None and self.control is None
+        nxt = next(specs, None)
+        while nxt is not None:
+            spec = nxt
             if spec.request_id is None:
                 spec.request_id = str(index)
             spec.extra["_index"] = index
             index += 1
             if spec.parent_id is not None:
+                ahead = False
                 end = self._ended.get(spec.parent_id)
                 if end is None:
                     self._children.setdefault(spec.parent_id, []).append(spec)
+                    nxt = next(specs, None)
                     continue
                 t = max(spec.arrival_s, end + spec.think_time_s)
             else:
                 t = spec.arrival_s
             if t > env.now:
                 yield env.timeout(t - env.now)
+            nxt = next(specs, None)
+            if ahead:
+                if nxt is None:
+                    self.next_send = _INF
+                elif nxt.parent_id is None:
+                    self.next_send = nxt.arrival_s
+                else:
+                    ahead = False
+                    self.next_send = -_INF
             self._offer(spec)
 
     def _offer(self, spec: RequestSpec) -> None:

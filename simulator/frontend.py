@@ -207,6 +207,11 @@ class _ApiServer:
 FE_SERVER, FE_TOKENIZED, FE_QUEUED, FE_ENGINE_FIRST, FE_FIRST_ITER, FE_ENGINE_FINISH, \
     FE_FINISH_ITER = range(7)
 _NAN = float("nan")
+def _unknown() -> float:
+    return -_INF
+
+
+_INF = float("inf")
 _LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1) at the same instant
 
 
@@ -268,6 +273,8 @@ class Frontend:
         self._pending: list | None = None
         self.num_batches = 0
         self.busy_seconds = [0.0] * self.n
+        # () -> the earliest time the client may send another request (-inf: unknown)
+        self.next_send = _unknown
 
     # -- request path --------------------------------------------------------------------------
 
@@ -299,23 +306,31 @@ class Frontend:
     def _window(self, i: int, idle: bool) -> None:
         """Open server ``i``'s next window (its queue is not empty). ``idle``: the first prompt
         was just queued to an idle tokenizer, which takes it as its next event (a window that
-        opens now is looked at after the events already due now)."""
+        opens now is looked at after the events already due now).
+
+        A window that opens later closes at once, with the same batch and times, when no
+        prompt can join it: the client sends nothing more by its deadline (``next_send``)."""
         s = self.servers[i]
         q = s.ingress
         now = self.env.now
-        opened = q.at(0)
-        if s.tok_free > opened:
-            opened = s.tok_free
-        s.opened, s.deadline = opened, opened + self.p.tokenizer_batch_wait_s
-        s.settled = False
-        s.gen += 1
-        if opened <= now:
-            if idle:
-                self._at(0.0, self._at_opened, i, s.gen)
-            else:
-                self._at_opened(i, s.gen)
-        elif not self._full(i):
-            self._at(s.deadline - now, self._at_deadline, i, s.gen)
+        while True:
+            opened = q.at(0)
+            if s.tok_free > opened:
+                opened = s.tok_free
+            s.opened, s.deadline = opened, opened + self.p.tokenizer_batch_wait_s
+            s.settled = False
+            s.gen += 1
+            if opened <= now:
+                if idle:
+                    self._at(0.0, self._at_opened, i, s.gen)
+                else:
+                    self._at_opened(i, s.gen)
+            elif not self._full(i):
+                if self.next_send() <= s.deadline:
+                    self._at(s.deadline - now, self._at_deadline, i, s.gen)
+                elif self._close(i, s.deadline, False):
+                    continue  # prompts queued after the deadline: their window
+            return
 
     def _full_close(self, s: _ApiServer) -> float | None:
         """When a full batch closes ``s``'s window: at the 32nd queued prompt's arrival if
@@ -364,9 +379,10 @@ class Frontend:
         if gen == s.gen:
             self._close(i, s.deadline)
 
-    def _close(self, i: int, close: float) -> None:
-        """Take the batch (at most 32 prompts queued by ``close``); it reaches the engine core
-        ``tokenize_per_token_s`` per prompt token and one IPC hop later."""
+    def _close(self, i: int, close: float, reopen: bool = True) -> bool:
+        """Take the batch (at most 32 prompts queued by ``close``, which may be later than
+        now); it reaches the engine core ``tokenize_per_token_s`` per prompt token and one IPC
+        hop later. Prompts left: the next window opens (``reopen``) or True is returned."""
         s = self.servers[i]
         q, cap = s.ingress, self.p.tokenizer_max_batch
         now = self.env.now
@@ -383,8 +399,11 @@ class Frontend:
         self.num_batches += 1
         ev = self.env.timeout(done + self.p.ipc_s - now)
         ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
-        if len(q):
+        if not len(q):
+            return False
+        if reopen:
             self._window(i, False)
+        return True
 
     def _to_engine(self, batch: list, server: int, tokenized: float) -> None:
         """A tokenized batch reaches the engine core: ``admit(spec, send time, arrival_time,

@@ -188,6 +188,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             # timeout watch) only when it sees it: after the step's output work
             frontend.defer_finish = max_concurrency is not None or control is not None
             frontend.admit, frontend.client_finish = client.arrive_tokenized, client.on_finish
+            frontend.next_send = lambda: client.next_send
         with _quiet_gc():
             env.run()
         client.finalize()

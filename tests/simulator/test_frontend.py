@@ -162,3 +162,45 @@ def test_tokenizer_windows_by_hand():
     tokenized = [6, 6, 6, 11, 11, 17, 17, 17, 21]
     assert got == {i: (t, t + 0.5) for i, t in enumerate(tokenized)}
     assert fe.num_batches == 4
+
+
+class _Probe:
+    """A frontend that only notes, at each send, the client's ``next_send``."""
+
+    def __init__(self, env, client_box):
+        self.env, self.box, self.seen = env, client_box, []
+
+    def submit(self, spec, send):
+        self.seen.append((spec.request_id, send, self.box[0].next_send))
+
+
+@pytest.mark.parametrize("mode", ["open", "max_concurrency", "sessions"])
+def test_client_tells_the_frontend_its_next_send(mode):
+    """``Client.next_send`` (the frontend closes a tokenizer window early when no prompt can
+    join it): the next request's send time in an open loop, the end (inf) after the last;
+    unknown (-inf) where sends follow finishes (max_concurrency) or session follow-ups, which
+    are sent when their parent ends, from the first follow-up on."""
+    import simpy
+    from servesim.simulator.engine import Client, Recorder
+    from servesim.workloads.schema import RequestSpec
+
+    env = simpy.Environment()
+    specs = [RequestSpec(0.0, 8, 1, request_id="a", session_id="s" if mode == "sessions"
+                         else None),
+             RequestSpec(0.5, 8, 1, request_id="b"), RequestSpec(0.5, 8, 1, request_id="c"),
+             RequestSpec(2.0, 8, 1, request_id="d")]
+    if mode == "sessions":
+        specs[2] = RequestSpec(0.5, 8, 1, request_id="c", session_id="s", parent_id="a")
+    box: list = []
+    probe = _Probe(env, box)
+    box.append(Client(env, specs, [None], Recorder(), max_model_len=4096, num_gpu_blocks=100,
+                      block_size=16, frontend=probe,
+                      max_concurrency=9 if mode == "max_concurrency" else None))
+    env.run()
+    inf = math.inf
+    want = {"open": [("a", 0.0, 0.5), ("b", 0.5, 0.5), ("c", 0.5, 2.0), ("d", 2.0, inf)],
+            "max_concurrency": [("a", 0.0, -inf), ("b", 0.5, -inf), ("c", 0.5, -inf),
+                                ("d", 2.0, -inf)],
+            # c waits for a's end (never here); from b's send on, nothing is known
+            "sessions": [("a", 0.0, 0.5), ("b", 0.5, -inf), ("d", 2.0, -inf)]}[mode]
+    assert probe.seen == want

@@ -5,7 +5,8 @@ are in, takes the batch), sharing no code with ``simulator/frontend.py``. At an 
 a send and a window's opening or deadline coincide, the send counts first (the loop wakes
 after the instant's other events). Hypothesis drives both with the same sends (bursts, ties on
 a coarse grid, closed windows, full batches): every request reaches the engine core at the
-same time with the same tokenized time, and the batch counts agree."""
+same time with the same tokenized time, and the batch counts agree, whether or not the
+frontend knows the client's next send (with it, a window no prompt can join closes early)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,10 @@ class RefTokenizers:
                 self.admit(s.extra["_index"], i, d, self.env.now) for s, _, _ in b])
 
 
-def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: int):
+def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: int,
+         ahead: bool = False):
+    """``ahead``: the frontend knows the client's next send time (it may close windows
+    early), as ``Client`` tells it for an open-loop workload."""
     env = simpy.Environment()
     got: dict[int, tuple] = {}
 
@@ -96,10 +100,15 @@ def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: i
         fe = Frontend(env, p, n, lambda spec, send, t, server, tok, queued: record(
             spec.extra["_index"], server, tok, queued), lambda r: None)
 
+    nxt = [float("-inf")]
+    if ahead:
+        fe.next_send = lambda: nxt[0]
+
     def client():
         for i, (t, m) in enumerate(zip(sends, lens)):
             if t > env.now:
                 yield env.timeout(t - env.now)
+            nxt[0] = sends[i + 1] if i + 1 < len(sends) else float("inf")
             fe.submit(RequestSpec(t, m, 1, extra={"_index": i}), env.now)
 
     env.process(client())
@@ -120,6 +129,9 @@ def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: i
 # likewise when a prompt for the other API server was sent in between
 @example(gaps=[0, 16, 184], lens=[8] * 60, request_s=16, per_tok=0, ipc=0, wait=64, cap=2, n=1)
 @example(gaps=[0, 32, 32], lens=[1] * 60, request_s=64, per_tok=0, ipc=0, wait=128, cap=2, n=2)
+# a window that opens while the tokenizer is busy (at 80, deadline 144) and a prompt sent at
+# its very deadline: it counts, so the window cannot close early
+@example(gaps=[0, 70, 74], lens=[64] * 60, request_s=0, per_tok=4, ipc=0, wait=64, cap=5, n=1)
 def test_window_events_match_the_reference_loop(gaps, lens, request_s, per_tok, ipc, wait,
                                                 cap, n):
     unit = U / 64
@@ -131,7 +143,8 @@ def test_window_events_match_the_reference_loop(gaps, lens, request_s, per_tok, 
                        ipc_s=ipc * unit, detokenize_per_token_s=0.0,
                        tokenizer_batch_wait_s=wait * unit, tokenizer_max_batch=cap)
     ref, ref_batches = _run("ref", sends, lens, p, n)
-    new, new_batches = _run("new", sends, lens, p, n)
     assert len(ref) == len(sends)
-    assert new == ref
-    assert new_batches == ref_batches
+    for ahead in (False, True):
+        new, new_batches = _run("new", sends, lens, p, n, ahead)
+        assert new == ref
+        assert new_batches == ref_batches
