@@ -61,8 +61,9 @@ when they would reach the engine core (after tokenization, as vLLM's serving lay
 
 Cost. No event per token or per request: per engine step one O(1) update per API server (plus
 the explicitly scheduled rows), per tokenizer batch two events (its close, its arrival at
-the engine core), and, under ``max_concurrency`` only, one event per step with finished
-requests (the client's slot frees when it sees them finish). Requests waiting for a tokenizer
+the engine core; the close is no event when the client's next send comes after the window's
+deadline), and, under ``max_concurrency`` only, one event per step with finished requests
+(the client's slot frees when it sees them finish). Requests waiting for a tokenizer
 are kept as specs (compact columns beyond 65,536), built into ``Request`` objects by the
 client when they reach the engine core (unless it parks them).
 """
@@ -207,12 +208,13 @@ class _ApiServer:
 FE_SERVER, FE_TOKENIZED, FE_QUEUED, FE_ENGINE_FIRST, FE_FIRST_ITER, FE_ENGINE_FINISH, \
     FE_FINISH_ITER = range(7)
 _NAN = float("nan")
-def _unknown() -> float:
-    return -_INF
-
-
 _INF = float("inf")
 _LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1) at the same instant
+
+
+def _unknown() -> float:
+    """``Frontend.next_send`` when no client says: any time (no window closes early)."""
+    return -_INF
 
 
 class Held:
