@@ -290,10 +290,23 @@ class Frontend:
         done = start + self.p.request_s
         s.busy = done
         self.busy_seconds[i] += self.p.request_s
-        s.ingress.push(spec, send, done)  # done: vLLM's arrival_time (the renderer starts)
-        if s.opened < 0:
+        if s.opened < 0:  # an idle tokenizer (nothing queued)
+            p = self.p
+            opened = done if done > s.tok_free else s.tok_free
+            deadline = opened + p.tokenizer_batch_wait_s
+            if p.tokenizer_max_batch > 1 and self.next_send() > deadline:
+                # no other prompt can join its window: it closes alone at the deadline, as
+                # _window + _close would have it (the same arithmetic)
+                s.deadline = deadline
+                s.gen += 2
+                self._tokenized(i, [(spec, send, done)],
+                                deadline + p.tokenize_per_token_s * spec.prompt_len)
+                return
+            s.ingress.push(spec, send, done)  # done: vLLM's arrival_time (the renderer starts)
             self._window(i, True)
-        elif not s.settled and send <= s.opened:
+            return
+        s.ingress.push(spec, send, done)
+        if not s.settled and send <= s.opened:
             self._full(i)
 
     # -- tokenizer: vLLM's ``AsyncMicrobatchTokenizer._batch_encode_loop``, one per API server
@@ -394,18 +407,23 @@ class Frontend:
             item = q.pop()
             batch.append(item)
             tokens += item[0].prompt_len
-        done = (close if close > now else now) + self.p.tokenize_per_token_s * tokens
-        s.tok_free = done
         s.opened = -1.0
         s.gen += 1  # (events of this window are void)
-        self.num_batches += 1
-        ev = self.env.timeout(done + self.p.ipc_s - now)
-        ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
+        self._tokenized(i, batch, (close if close > now else now)
+                        + self.p.tokenize_per_token_s * tokens)
         if not len(q):
             return False
         if reopen:
             self._window(i, False)
         return True
+
+    def _tokenized(self, i: int, batch: list, done: float) -> None:
+        """Server ``i``'s tokenizer finishes ``batch`` at ``done`` (and takes its next batch
+        then); the batch reaches the engine core one IPC hop later."""
+        self.servers[i].tok_free = done
+        self.num_batches += 1
+        ev = self.env.timeout(done + self.p.ipc_s - self.env.now)
+        ev.callbacks.append(lambda _ev, b=batch, i=i, d=done: self._to_engine(b, i, d))
 
     def _to_engine(self, batch: list, server: int, tokenized: float) -> None:
         """A tokenized batch reaches the engine core: ``admit(spec, send time, arrival_time,
