@@ -740,7 +740,7 @@ class Client:
         self._lb_next = 0.0
         self._live: dict[int, Request] = {}  # sent, not yet ended
         # No request is sent before this time but the one being sent now (-inf: unknown; see
-        # _arrivals): the frontend closes a tokenizer window early when no prompt can join it
+        # _arrivals): the frontend tokenizes a prompt no other can join without window events
         self.next_send = -_INF
         # Compact queue behind a single FCFS engine's first ``park_after`` waiting requests
         # (see Parked); the recorder moves them in after every step and counts them waiting.

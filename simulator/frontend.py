@@ -61,8 +61,9 @@ when they would reach the engine core (after tokenization, as vLLM's serving lay
 
 Cost. No event per token or per request: per engine step one O(1) update per API server (plus
 the explicitly scheduled rows), per tokenizer batch two events (its close, its arrival at
-the engine core; the close is no event when the client's next send comes after the window's
-deadline), and, under ``max_concurrency`` only, one event per step with finished requests
+the engine core; a prompt that reaches an idle tokenizer and that no other can join before
+the window's deadline, as the client's next send time tells, is one batch with no close
+event), and, under ``max_concurrency`` only, one event per step with finished requests
 (the client's slot frees when it sees them finish). Requests waiting for a tokenizer
 are kept as specs (compact columns beyond 65,536), built into ``Request`` objects by the
 client when they reach the engine core (unless it parks them).
@@ -213,7 +214,7 @@ _LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1) at the same 
 
 
 def _unknown() -> float:
-    """``Frontend.next_send`` when no client says: any time (no window closes early)."""
+    """``Frontend.next_send`` when no client says: any time (every window waits for its deadline)."""
     return -_INF
 
 
@@ -296,9 +297,7 @@ class Frontend:
             deadline = opened + p.tokenizer_batch_wait_s
             if p.tokenizer_max_batch > 1 and self.next_send() > deadline:
                 # no other prompt can join its window: it closes alone at the deadline, as
-                # _window + _close would have it (the same arithmetic)
-                s.deadline = deadline
-                s.gen += 2
+                # _window + _close would have it (the same arithmetic), with no event
                 self._tokenized(i, [(spec, send, done)],
                                 deadline + p.tokenize_per_token_s * spec.prompt_len)
                 return
@@ -321,31 +320,23 @@ class Frontend:
     def _window(self, i: int, idle: bool) -> None:
         """Open server ``i``'s next window (its queue is not empty). ``idle``: the first prompt
         was just queued to an idle tokenizer, which takes it as its next event (a window that
-        opens now is looked at after the events already due now).
-
-        A window that opens later closes at once, with the same batch and times, when no
-        prompt can join it: the client sends nothing more by its deadline (``next_send``)."""
+        opens now is looked at after the events already due now)."""
         s = self.servers[i]
         q = s.ingress
         now = self.env.now
-        while True:
-            opened = q.at(0)
-            if s.tok_free > opened:
-                opened = s.tok_free
-            s.opened, s.deadline = opened, opened + self.p.tokenizer_batch_wait_s
-            s.settled = False
-            s.gen += 1
-            if opened <= now:
-                if idle:
-                    self._at(0.0, self._at_opened, i, s.gen)
-                else:
-                    self._at_opened(i, s.gen)
-            elif not self._full(i):
-                if self.next_send() <= s.deadline:
-                    self._at(s.deadline - now, self._at_deadline, i, s.gen)
-                elif self._close(i, s.deadline, False):
-                    continue  # prompts queued after the deadline: their window
-            return
+        opened = q.at(0)
+        if s.tok_free > opened:
+            opened = s.tok_free
+        s.opened, s.deadline = opened, opened + self.p.tokenizer_batch_wait_s
+        s.settled = False
+        s.gen += 1
+        if opened <= now:
+            if idle:
+                self._at(0.0, self._at_opened, i, s.gen)
+            else:
+                self._at_opened(i, s.gen)
+        elif not self._full(i):
+            self._at(s.deadline - now, self._at_deadline, i, s.gen)
 
     def _full_close(self, s: _ApiServer) -> float | None:
         """When a full batch closes ``s``'s window: at the 32nd queued prompt's arrival if
@@ -394,10 +385,9 @@ class Frontend:
         if gen == s.gen:
             self._close(i, s.deadline)
 
-    def _close(self, i: int, close: float, reopen: bool = True) -> bool:
-        """Take the batch (at most 32 prompts queued by ``close``, which may be later than
-        now); it reaches the engine core ``tokenize_per_token_s`` per prompt token and one IPC
-        hop later. Prompts left: the next window opens (``reopen``) or True is returned."""
+    def _close(self, i: int, close: float) -> None:
+        """Take the batch (at most 32 prompts queued by ``close``); it reaches the engine core
+        ``tokenize_per_token_s`` per prompt token and one IPC hop later."""
         s = self.servers[i]
         q, cap = s.ingress, self.p.tokenizer_max_batch
         now = self.env.now
@@ -411,11 +401,8 @@ class Frontend:
         s.gen += 1  # (events of this window are void)
         self._tokenized(i, batch, (close if close > now else now)
                         + self.p.tokenize_per_token_s * tokens)
-        if not len(q):
-            return False
-        if reopen:
+        if len(q):
             self._window(i, False)
-        return True
 
     def _tokenized(self, i: int, batch: list, done: float) -> None:
         """Server ``i``'s tokenizer finishes ``batch`` at ``done`` (and takes its next batch

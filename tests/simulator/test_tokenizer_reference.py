@@ -6,7 +6,8 @@ a send and a window's opening or deadline coincide, the send counts first (the l
 after the instant's other events). Hypothesis drives both with the same sends (bursts, ties on
 a coarse grid, closed windows, full batches): every request reaches the engine core at the
 same time with the same tokenized time, and the batch counts agree, whether or not the
-frontend knows the client's next send (with it, a window no prompt can join closes early)."""
+frontend knows the client's next send (with it, a prompt no other can join is tokenized
+alone without a close event)."""
 
 from __future__ import annotations
 
@@ -86,8 +87,8 @@ class RefTokenizers:
 
 def _run(kind: str, sends: list[float], lens: list[int], p: FrontendParams, n: int,
          ahead: bool = False):
-    """``ahead``: the frontend knows the client's next send time (it may close windows
-    early), as ``Client`` tells it for an open-loop workload."""
+    """``ahead``: the frontend knows the client's next send time (a prompt no other
+    can join skips the window's events), as ``Client`` tells it for an open-loop workload."""
     env = simpy.Environment()
     got: dict[int, tuple] = {}
 
