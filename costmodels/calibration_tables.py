@@ -283,25 +283,8 @@ class Calibration:
         full-length causal kernel ``T(context + chunk)``; the chunk does the fraction
         ``pairs(chunk, context) / pairs(context + chunk, 0)`` of its work above the latency
         floor ``f`` (the kernel's fastest time): ``f + (T − f) · fraction``."""
-        got = self._attn("prefill_attention", kv_dtype)
-        if got is None:
-            return None
-        t, same = got
-        has_ctx = t.axes[4][-1] > 0
-        if context <= 0 or has_ctx:
-            key = (head_dim, kv_heads, heads, 1, context)
-            sec, inside = t.lookup(key, chunk)
-        else:
-            key = (head_dim, kv_heads, heads, 1, 0)
-            full, inside = t.lookup(key, context + chunk)
-            f = self.prefill_floor(t, key)
-            sec = f + max(0.0, full - f) * causal_pairs(chunk, context) / causal_pairs(
-                context + chunk, 0)
-        if not same:
-            sec *= _kv_scale(kv_dtype, lambda kvb: prefill_roof(
-                self.peaks, head_dim, kv_heads, heads, 1, context, chunk, kvb))
-            inside = False
-        return sec, self.provenance("prefill_attention", inside)
+        fn = self.prefill_fn(heads, kv_heads, head_dim, kv_dtype)
+        return None if fn is None else fn(chunk, context)
 
     def prefill_fn(self, heads: int, kv_heads: int, head_dim: int, kv_dtype: str):
         """:meth:`prefill` for one head layout as a function of (chunk, context), the
@@ -311,14 +294,12 @@ class Calibration:
         if got is None:
             return None
         t, same = got
-        if not same:  # (scaled from another KV dtype's table)
-            return lambda chunk, context: self.prefill(heads, kv_heads, head_dim, kv_dtype,
-                                                       chunk, context)
         has_ctx = t.axes[4][-1] > 0
         lookup = t.lookup
         prov = {ok: self.provenance("prefill_attention", ok) for ok in (True, False)}
         key0 = (head_dim, kv_heads, heads, 1, 0)
         f = 0.0 if has_ctx else self.prefill_floor(t, key0)
+        peaks = self.peaks
 
         def prefill(chunk: float, context: float) -> tuple[float, str]:
             if context <= 0 or has_ctx:
@@ -327,6 +308,10 @@ class Calibration:
                 full, inside = lookup(key0, context + chunk)
                 sec = f + max(0.0, full - f) * causal_pairs(chunk, context) / causal_pairs(
                     context + chunk, 0)
+            if not same:  # scaled from another KV dtype's table
+                sec *= _kv_scale(kv_dtype, lambda kvb: prefill_roof(
+                    peaks, head_dim, kv_heads, heads, 1, context, chunk, kvb))
+                inside = False
             return sec, prov[inside]
         return prefill
 
