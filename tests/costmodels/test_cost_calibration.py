@@ -125,6 +125,15 @@ def test_prefill_interpolates_in_causal_pairs_and_maps_a_prefix():
     t, prov = c.prefill(32, 8, 128, "bfloat16", 512, 512)
     assert prov == "calibration:t.yaml"
     assert t == pytest.approx(2e-5 + (4e-5 - 2e-5) * pairs(512, 512) / pairs(1024, 0))
+    # fp8 KV without an fp8 table: that bf16 time scaled by the chunk's rooflines (peaks as
+    # in dec_roof: 100 TFLOP/s, 1 TB/s), provenance no longer the measured table's
+    t8, prov = c.prefill(32, 8, 128, "fp8", 512, 512)
+    assert prov.startswith("roofline:nearest/")
+
+    def pre_roof(kvb):
+        return max(4 * 32 * 128 * pairs(512, 512) / 100e12,
+                   (2 * 1024 * 8 * 128 * kvb + 2 * 512 * 32 * 128 * 2) / 1e12)
+    assert t8 == pytest.approx(t * pre_roof(1) / pre_roof(2), rel=1e-12)
 
 
 def test_check_reports_leave_one_out_by_hand():
