@@ -161,7 +161,11 @@ def build_drafter(scfg, target: ModelSpec, target_wf: WeightFormat, hw) -> Draft
                               "(a file in configs/models/ or a path to a config.json)")
         dcfg = ModelConfig(name=scfg.model, quantization=getattr(scfg, "quantization", None)
                            or "none")
-        draft = load_model_spec(dcfg)
+        try:
+            draft = load_model_spec(dcfg)
+        except ConfigError as e:  # (its message names model.name: the draft's key here)
+            why = str(e).split(": ", 1)[-1] if str(e).startswith("model.") else str(e)
+            raise ConfigError(f"speculative_config.model: {why}") from None
         if draft.vocab_size != target.vocab_size:
             raise ConfigError(
                 f"speculative_config.model: Target and draft model should have the same "

@@ -374,6 +374,11 @@ def test_config_errors_are_one_line():
         build_cost_model(_resolved("speculative_config.method=draft_model",
                                    "speculative_config.num_speculative_tokens=2",
                                    "speculative_config.acceptance={rate: 0.5}"))
+    with pytest.raises(ConfigError, match=r"^speculative_config\.model: unknown model 'nope'"):
+        build_cost_model(_resolved("speculative_config.method=draft_model",
+                                   "speculative_config.model=nope",
+                                   "speculative_config.num_speculative_tokens=2",
+                                   "speculative_config.acceptance={rate: 0.5}"))
     with pytest.raises(ConfigError, match="runs its own scheduling loop"):
         run_experiment(load_config(None, ["scheduler.policy=sarathi", "workload.num_prompts=2",
                                           "speculative_config.method=eagle",
