@@ -301,6 +301,16 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             "engine."
         )
     override = cfg.cache.num_gpu_blocks_override
+    if override is not None:
+        # vLLM sizes the KV tensors from the override without checking them against the
+        # profile; they must still fit beside the weights, or their allocation fails
+        room = total - weights - non_torch - comm
+        if override * block_bytes > room:
+            raise CapacityError(
+                f"cache.num_gpu_blocks_override: {override} blocks need "
+                f"{override * block_bytes / GIB:,.2f} GiB of KV cache, more than the "
+                f"{max(room, 0) / GIB:.2f} GiB left on the GPU beside the model weights "
+                f"({weights / GIB:.2f} GiB): allocating them fails (CUDA out of memory)")
     return MemoryPlan(
         model=spec.name, hardware=hw.name, tensor_parallel_size=tp, pipeline_parallel_size=pp,
         total_bytes=total, gpu_memory_utilization=util, requested_bytes=requested,

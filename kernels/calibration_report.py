@@ -13,45 +13,47 @@ from servesim.kernels.calibration_file import read_calibration
 from servesim.simulator.errors import ServesimError
 
 
-def _stats(xs: list[float]) -> str:
+def _stats(xs: list[float]) -> dict:
+    """n, median, geomean, min, max of ``xs`` (None where empty)."""
     if not xs:
-        return "no rows"
+        return {"n": 0, "median": None, "geomean": None, "min": None, "max": None}
     xs = sorted(xs)
-    med = statistics.median(xs)
-    geo = math.exp(sum(math.log(x) for x in xs) / len(xs))
-    return f"n={len(xs):<4} median {med:6.2f}  geomean {geo:6.2f}  min {xs[0]:6.2f}  " \
-           f"max {xs[-1]:6.2f}"
+    return {"n": len(xs), "median": statistics.median(xs),
+            "geomean": math.exp(sum(math.log(x) for x in xs) / len(xs)),
+            "min": xs[0], "max": xs[-1]}
 
 
-def report_lines(doc: dict) -> list[str]:
-    """Kernel quality: Triton/vendor GEMM time by M class, decode bandwidth and prefill FLOP/s
-    as % of the spec peaks."""
+def _stats_text(st: dict) -> str:
+    if not st["n"]:
+        return "no rows"
+    return (f"n={st['n']:<4} median {st['median']:6.2f}  geomean {st['geomean']:6.2f}  "
+            f"min {st['min']:6.2f}  max {st['max']:6.2f}")
+
+
+def report_data(doc: dict) -> dict:
+    """Kernel quality: Triton/vendor GEMM time by M class (ratio), decode attention's achieved
+    bandwidth (% of the spec's GB/s) and prefill attention's achieved FLOP/s (% of the spec's
+    bf16 TFLOP/s), each as n/median/geomean/min/max over the file's rows."""
     if (doc.get("source") or {}).get("kind") == "aiconfigurator":
         raise ServesimError("calibrate report: kernel quality compares servesim's Triton kernels "
                             "with the vendor path, which only `simulate calibrate` measures; "
                             "this file is imported: use `simulate calibrate check FILE`")
-    fp, peaks = doc.get("fingerprint") or {}, doc["peaks"]
-    out = [(f"calibration for {doc['gpu']}: {fp.get('device_name')} "
-            f"({fp.get('sm_count')} SMs), {fp.get('mode')} run {fp.get('date')}; "
-            f"torch {fp.get('torch')}, triton {fp.get('triton')}, CUDA {fp.get('cuda')}, "
-            f"driver {fp.get('driver')}")]
-    if doc.get("synthetic"):
-        out.append("WARNING: synthetic numbers (test fixture), not measurements")
+    peaks = doc["peaks"]
     bw = peaks["mem_bw_gbps"] * 1e9
-    if doc["memcpy"]:
-        best = max(2 * r["bytes"] / r["seconds"] for r in doc["memcpy"])
-        out.append(f"memcpy: best device-to-device {best / 1e9:,.0f} GB/s (read + write) = "
-                   f"{100 * best / bw:.0f}% of {peaks['mem_bw_gbps']} GB/s")
-    out.append("GEMM Triton time / vendor time (< 1 = Triton faster; target <= 1.25 at M >= 256)")
+    out: dict = {"gpu": doc["gpu"], "fingerprint": doc.get("fingerprint") or {},
+                 "synthetic": bool(doc.get("synthetic")), "peaks": peaks,
+                 "memcpy_best_gbps": None, "gemm": [], "decode_attention": [],
+                 "prefill_attention": []}
+    if doc["memcpy"]:  # read + write bytes per second
+        out["memcpy_best_gbps"] = max(2 * r["bytes"] / r["seconds"] for r in doc["memcpy"]) / 1e9
     for dtype in sorted({r["dtype"] for r in doc["gemm"]}):
         rows = [r for r in doc["gemm"] if r["dtype"] == dtype and r["triton_s"] and r["vendor_s"]]
         for label, pred in (("M <= 16", lambda m: m <= 16),
                             ("16 < M < 256", lambda m: 16 < m < 256),
                             ("M >= 256", lambda m: m >= 256)):
             xs = [r["triton_s"] / r["vendor_s"] for r in rows if pred(r["m"])]
-            out.append(f"  {dtype:<14}{label:<14}{_stats(xs)}")
-    out.append(f"decode attention achieved bandwidth, % of {peaks['mem_bw_gbps']} GB/s "
-               "(target >= 70 at batch >= 16, context >= 4k)")
+            out["gemm"].append({"dtype": dtype, "rows": label,
+                                "triton_over_vendor": _stats(xs)})
     for impl in ("triton_s", "vendor_s"):
         rows = [r for r in doc["decode_attention"] if r.get(impl)]
         for label, pred in (("batch>=16 ctx>=4k", lambda r: r["batch"] >= 16 and
@@ -59,16 +61,44 @@ def report_lines(doc: dict) -> list[str]:
                             ("other", lambda r: not (r["batch"] >= 16 and
                                                      r["context_max"] >= 4096))):
             xs = [100 * r["bytes"] / r[impl] / bw for r in rows if pred(r)]
-            out.append(f"  {impl[:-2]:<8}{label:<20}{_stats(xs)}")
-    out.append("prefill attention achieved TFLOP/s, % of spec "
-               f"(bf16 {peaks['bf16_tflops']} TFLOP/s)")
+            out["decode_attention"].append({"impl": impl[:-2], "rows": label,
+                                            "pct_of_bandwidth": _stats(xs)})
     for impl in ("triton_s", "vendor_s"):
         rows = [r for r in doc["prefill_attention"] if r.get(impl)]
         for label, pred in (("chunk < 512", lambda r: r["chunk"] < 512),
                             ("chunk >= 512", lambda r: r["chunk"] >= 512)):
             xs = [100 * r["flops"] / r[impl] / (peaks["bf16_tflops"] * 1e12)
                   for r in rows if pred(r)]
-            out.append(f"  {impl[:-2]:<8}{label:<20}{_stats(xs)}")
+            out["prefill_attention"].append({"impl": impl[:-2], "rows": label,
+                                             "pct_of_bf16_flops": _stats(xs)})
+    return out
+
+
+def report_lines(doc: dict) -> list[str]:
+    """:func:`report_data` as text."""
+    d = report_data(doc)
+    fp, peaks = d["fingerprint"], d["peaks"]
+    out = [(f"calibration for {d['gpu']}: {fp.get('device_name')} "
+            f"({fp.get('sm_count')} SMs), {fp.get('mode')} run {fp.get('date')}; "
+            f"torch {fp.get('torch')}, triton {fp.get('triton')}, CUDA {fp.get('cuda')}, "
+            f"driver {fp.get('driver')}")]
+    if d["synthetic"]:
+        out.append("WARNING: synthetic numbers (test fixture), not measurements")
+    best = d["memcpy_best_gbps"]
+    if best is not None:
+        out.append(f"memcpy: best device-to-device {best:,.0f} GB/s (read + write) = "
+                   f"{100 * best / peaks['mem_bw_gbps']:.0f}% of {peaks['mem_bw_gbps']} GB/s")
+    out.append("GEMM Triton time / vendor time (< 1 = Triton faster; target <= 1.25 at M >= 256)")
+    for g in d["gemm"]:
+        out.append(f"  {g['dtype']:<14}{g['rows']:<14}{_stats_text(g['triton_over_vendor'])}")
+    out.append(f"decode attention achieved bandwidth, % of {peaks['mem_bw_gbps']} GB/s "
+               "(target >= 70 at batch >= 16, context >= 4k)")
+    for a in d["decode_attention"]:
+        out.append(f"  {a['impl']:<8}{a['rows']:<20}{_stats_text(a['pct_of_bandwidth'])}")
+    out.append("prefill attention achieved TFLOP/s, % of spec "
+               f"(bf16 {peaks['bf16_tflops']} TFLOP/s)")
+    for a in d["prefill_attention"]:
+        out.append(f"  {a['impl']:<8}{a['rows']:<20}{_stats_text(a['pct_of_bf16_flops'])}")
     return out
 
 

@@ -60,12 +60,23 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"wrote {path}")
 
     @cal.command("report")
-    def report(file: Annotated[Path, typer.Argument(help="A calibration YAML file.")]) -> None:
+    def report(
+        file: Annotated[Path, typer.Argument(help="A calibration YAML file.")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
         """Kernel quality from a calibration file: Triton vs vendor GEMM, decode bandwidth and
         prefill FLOP/s as % of the spec peaks."""
         from servesim.kernels import calibrate as C
 
-        typer.echo("\n".join(C.report_lines(C.read_calibration(file))))
+        doc = C.read_calibration(file)
+        if as_json:
+            import json
+
+            from servesim.kernels.calibration_report import report_data
+
+            typer.echo(json.dumps(report_data(doc), indent=2, default=str))
+            return
+        typer.echo("\n".join(C.report_lines(doc)))
 
     @cal.command("check")
     def check(

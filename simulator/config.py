@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from servesim.costmodels.config import HardwareConfig, ModelConfig
-from servesim.simulator.cluster.config import ClusterConfig, KVOffloadConfig
+from servesim.simulator.cluster.config import MAX_ENGINES, ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, path_is_file, short_repr
 from servesim.simulator.lora import LoRAConfig
 from servesim.simulator.spec_decode import SpeculativeConfig
@@ -33,7 +33,7 @@ class _Section(BaseModel):
 class ParallelConfig(_Section):
     tensor_parallel_size: PositiveInt = 1
     pipeline_parallel_size: PositiveInt = 1
-    data_parallel_size: PositiveInt = 1
+    data_parallel_size: int = Field(1, ge=1, le=MAX_ENGINES)
 
 
 class CacheConfig(_Section):
@@ -464,6 +464,11 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         from servesim.simulator.cluster.config import resolve_cluster
 
         resolve_cluster(cfg, c)
+    prefix_len = getattr(c.workload, "prefix_len", 0)
+    if prefix_len > c.model.max_model_len:
+        raise ConfigError(
+            f"workload.prefix_len: {prefix_len} is longer than model.max_model_len "
+            f"({c.model.max_model_len}): vLLM would refuse every prompt")
     if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
         c.frontend.api_server_count = c.parallel.data_parallel_size
     return c

@@ -43,8 +43,10 @@ def stats_cmd(
     from servesim.workloads.stats import trace_stats
 
     s = trace_stats(file, format, block_size=block_size, skip_bad_rows=skip_bad_rows)
-    if as_json:
-        typer.echo(json.dumps(s, indent=2, default=lambda x: None))
+    if as_json:  # strict JSON: an infinite rate (every request at one instant) as "inf"
+        rate = s["mean_rate_rps"]
+        typer.echo(json.dumps({**s, "mean_rate_rps": "inf" if rate == math.inf else rate},
+                              indent=2, default=lambda x: None, allow_nan=False))
         return
     from rich.console import Console
     from rich.table import Table

@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from servesim.workloads.schema import MAX_TOKENS
 
 
 class _Section(BaseModel):
@@ -135,10 +136,10 @@ class RandomWorkload(_Arrivals):
 
     kind: Literal["random"] = "random"
     num_prompts: PositiveInt = 1000
-    input_len: PositiveInt = 1024
-    output_len: PositiveInt = 128
+    input_len: int = Field(1024, ge=1, le=MAX_TOKENS)
+    output_len: int = Field(128, ge=1, le=MAX_TOKENS)
     range_ratio: float = Field(0.0, ge=0, lt=1)
-    prefix_len: int = Field(0, ge=0)
+    prefix_len: int = Field(0, ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _min_input(self):

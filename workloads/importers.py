@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from servesim.simulator.errors import TraceError
 from servesim.workloads.generators import MOONCAKE_BASE
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.schema import MAX_TOKENS, RequestSpec
 
 MOONCAKE_BLOCK = 512  # tokens per Mooncake hash id
 
@@ -589,6 +589,11 @@ def read_trace(path, format: str = "auto", *, block_size: int = 16, skip_bad_row
             what = "prompt" if p < 0 else "output"
             ctx.bad(line, f"negative {what} length {p if p < 0 else o} "
                           "(token counts must be >= 0)")
+            continue
+        if p > MAX_TOKENS or o > MAX_TOKENS:
+            what = "prompt" if p > MAX_TOKENS else "output"
+            ctx.bad(line, f"{what} length {p if p > MAX_TOKENS else o} is out of range "
+                          f"(token counts must be <= {MAX_TOKENS:,})")
             continue
         if p == 0:
             ctx.bad(line, "prompt length 0 (a request needs at least one prompt token)")

@@ -10,6 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# The largest token count a request, a trace row or a length setting may hold: 2**31 - 1, the
+# int32 range of vLLM's token positions, far past any model's context (10M tokens at most
+# today). Larger values are refused where they are read, as malformed.
+MAX_TOKENS = 2**31 - 1
+
 
 @dataclass(slots=True)
 class RequestSpec:

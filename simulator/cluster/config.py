@@ -17,6 +17,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 from servesim.costmodels.config import HardwareConfig, ModelConfig
 
+# Engines one simulation may hold (data-parallel ranks, or a cluster's instances): each is a
+# scheduler and a block pool (~1 MB of simulator memory per 28k KV blocks).
+MAX_ENGINES = 1024
+
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -145,6 +149,9 @@ class ClusterConfig(_Section):
                              "role: prefill and one with role: decode")
         if "both" in roles and "prefill" in roles:
             raise ValueError("mixing role: both with prefill/decode groups is not supported")
+        if self.num_instances > MAX_ENGINES:
+            raise ValueError(f"{self.num_instances} instances in all: at most {MAX_ENGINES} "
+                             "engines are simulated at once")
         return self
 
     @property

@@ -51,6 +51,31 @@ def _argv(command: str, spec: Path, output: Path, jobs: int | None, backend: str
     return argv
 
 
+def _fresh_output(output: Path, spec_file: Path, overwrite: bool) -> None:
+    """Refuse a non-empty ``output`` (another run's or plan's files would stay beside the new
+    ones); with ``overwrite`` clear it first, unless it holds the spec file or the working
+    directory."""
+    import shutil
+
+    from servesim.simulator.errors import ConfigError
+
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"{output}: exists and is not a folder; choose another -o")
+    if not output.is_dir() or not any(output.iterdir()):
+        return
+    if not overwrite:
+        raise ConfigError(f"{output}: output folder is not empty; pass --resume to continue "
+                          "the plan written there, --overwrite to replace it, or choose "
+                          "another -o")
+    out = output.resolve()
+    for inside, what in ((spec_file.resolve(), "the plan file"), (Path.cwd().resolve(),
+                                                                 "the working directory")):
+        if inside == out or out in inside.parents:
+            raise ConfigError(f"{output}: holds {what}; --overwrite will not clear it, "
+                              "choose another -o")
+    shutil.rmtree(output)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``simulate sweep`` and ``simulate plan`` to ``app``."""
 
@@ -66,6 +91,9 @@ def register(app: typer.Typer) -> None:
                                              "written.")] = False,
         method: Annotated[str, typer.Option("--ci", help="A/B interval: t or "
                                             "bootstrap.")] = "t",
+        as_json: Annotated[bool, typer.Option("--json", help="Print the outcome (summary "
+                                              "rows, A/B rows) as JSON instead of "
+                                              "tables.")] = False,
         quiet: Quiet = False,
     ) -> None:
         """Run arms x request rates x seeds; write the vllm bench sweep layout and A/B stats."""
@@ -80,15 +108,30 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--ci {method}: expected t or bootstrap")
         spec = load_spec(spec_file)
         console = Console()
-        n = len(spec.points())
+        quiet = quiet or as_json
         if not quiet:
+            if spec.profile_sweep is not None:  # its rates come from its first two points
+                size = spec.profile_sweep["sweep_size"]
+                loads = (f"a GuideLLM sweep of {size} (synchronous, throughput, {size - 2} "
+                         "rates between)")
+            else:
+                size, loads = len(spec.rates), f"{len(spec.rates)} rate(s)"
+            n = len(spec.arms) * size * len(spec.seeds)
             console.print(f"sweep [bold]{spec.experiment_name}[/]: {len(spec.arms)} arm(s) x "
-                          f"{len(spec.rates)} rate(s) x {len(spec.seeds)} seed(s) = {n} points, "
+                          f"{loads} x {len(spec.seeds)} seed(s) = {n} points, "
                           f"backend {backend}", highlight=False)
         argv = _argv("sweep", spec_file, output, jobs, backend, ray_address)
         out = _interruptible(argv, lambda: run_sweep(
             spec, output, jobs=jobs, backend=backend, ray_address=ray_address, resume=resume,
             progress=not quiet, ab_method=method))
+        if as_json:
+            import dataclasses
+            import json
+
+            typer.echo(json.dumps(dataclasses.asdict(out), indent=2, default=str))
+            if out.num_failed:
+                raise typer.Exit(1)
+            return
         if out.ab_rows:
             console.print(ab_rich_table(out.ab_rows))
             console.print(f"all metrics: {out.exp_dir / 'ab.csv'}", highlight=False)
@@ -111,10 +154,17 @@ def register(app: typer.Typer) -> None:
         ray_address: RayAddress = None,
         resume: Annotated[bool, typer.Option("--resume", help="Reuse points already "
                                              "simulated in OUTPUT/points/.")] = False,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="Clear a non-empty "
+                                                "OUTPUT first (default: refuse).")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print plan.json instead of "
+                                              "the table.")] = False,
         quiet: Quiet = False,
     ) -> None:
         """Find, per candidate deployment, the max request rate per replica within the SLO;
-        size and price it for the target rate; write plan.csv, plan.json, report.md/html."""
+        size and price it for the target rate; write plan.csv, plan.json, report.md/html.
+
+        OUTPUT must be new or empty, unless --resume (continue the plan written there) or
+        --overwrite (clear it first)."""
         from rich.console import Console
         from servesim.reports.plan import print_plan
         from servesim.simulator.experiments.executors import check_options
@@ -123,10 +173,17 @@ def register(app: typer.Typer) -> None:
 
         n_jobs = check_options(backend, jobs)
         spec, plan_dir = load_plan(plan_file)
+        if not resume:
+            _fresh_output(output, plan_file, overwrite)
         console = Console(stderr=True)
         log = (lambda s: None) if quiet else (lambda s: console.print(s, highlight=False))
         argv = _argv("plan", plan_file, output, jobs, backend, ray_address)
         res = _interruptible(argv, lambda: run_plan(
             spec, plan_dir, output, jobs=n_jobs, backend=backend, ray_address=ray_address,
-            resume=resume, quiet=quiet, log=log))
+            resume=resume, quiet=quiet or as_json, log=log))
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(res, indent=2, default=str))
+            return
         print_plan(res, output, quiet)

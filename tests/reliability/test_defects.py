@@ -14,7 +14,7 @@ import pytest
 from servesim.simulator import runner
 
 from .cli_harness import check_contract, cli, no_partial_output
-from .conftest import CONFIG
+from .conftest import CONFIG, REPO
 
 
 def _trace(tmp_path, body: bytes, name="t.csv"):
@@ -168,6 +168,61 @@ def test_6_existing_run_folder_is_refused_unless_overwrite(small_config, tmp_pat
     no_partial_output(tmp_path, "run")
 
 
+def _stub_plan(monkeypatch) -> list:
+    """``run_plan`` replaced by one that records its output folder and writes a plan.csv."""
+    from servesim.simulator.plan import runner as plan_runner
+
+    calls: list = []
+
+    def fake(spec, plan_dir, output, **kw):
+        calls.append((Path(output), kw["resume"]))
+        Path(output).mkdir(parents=True, exist_ok=True)
+        (Path(output) / "plan.csv").write_text("candidate\n")
+        return {"name": "stub", "candidates": []}
+
+    monkeypatch.setattr(plan_runner, "run_plan", fake)
+    return calls
+
+
+def test_6_non_empty_plan_folder_is_refused_unless_resume_or_overwrite(tmp_path, monkeypatch):
+    plan = REPO / "configs" / "plans" / "llama8b_chat.yaml"
+    calls = _stub_plan(monkeypatch)
+    out = tmp_path / "run"  # an earlier run's folder
+    out.mkdir()
+    (out / "result.json").write_text("{}")
+    o = cli("plan", plan, "-o", out, "--json")
+    assert o.rc == 2
+    check_contract(o, str(out), "--resume", "--overwrite")
+    assert calls == [] and sorted(x.name for x in out.iterdir()) == ["result.json"]
+    o = cli("plan", plan, "-o", out, "--resume", "--json")  # continue whatever is there
+    assert o.rc == 0, o.err
+    assert calls == [(out, True)] and (out / "result.json").exists()
+    o = cli("plan", plan, "-o", out, "--overwrite", "--json")
+    assert o.rc == 0, o.err
+    assert json.loads(o.out) == {"name": "stub", "candidates": []}
+    assert calls[-1] == (out, False)
+    assert sorted(x.name for x in out.iterdir()) == ["plan.csv"]  # the run's file is gone
+    o = cli("plan", plan, "-o", out)  # the plan's own folder is no exception
+    assert o.rc == 2 and len(calls) == 2
+
+
+def test_6_plan_overwrite_never_clears_the_plan_file_or_the_working_directory(
+        tmp_path, monkeypatch):
+    calls = _stub_plan(monkeypatch)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text((REPO / "configs" / "plans" / "llama8b_chat.yaml").read_text()
+                    .replace("../", str(REPO / "configs") + "/"))
+    o = cli("plan", plan, "-o", tmp_path, "--overwrite")
+    assert o.rc == 2
+    check_contract(o, str(tmp_path), "plan file")
+    monkeypatch.chdir(tmp_path / "..")
+    o = cli("plan", REPO / "configs" / "plans" / "llama8b_chat.yaml", "-o", ".",
+            "--overwrite")
+    assert o.rc == 2
+    check_contract(o, "working directory")
+    assert calls == [] and plan.exists()
+
+
 # 7. trace convert t.csv -o t.csv replaced its own input -------------------------------------
 
 
@@ -305,6 +360,23 @@ def test_13_every_table_command_has_json(small_config, tmp_path):
     assert o.rc == 0 and json.loads(o.out)["mean_abs_rel_error_pct"] == 0.0
     o = cli("estimate", small_config, "--batch-size", "4", "--context", "100", "--json")
     assert o.rc == 0 and json.loads(o.out)
+    fixture = REPO / "tests" / "costmodels" / "fixtures" / "calibration-fixture-a100.yaml"
+    o = cli("calibrate", "report", fixture, "--json")
+    assert o.rc == 0, o.err
+    gemm = json.loads(o.out)["gemm"]
+    assert [(g["rows"], g["triton_over_vendor"]["n"]) for g in gemm] == [
+        ("M <= 16", 8), ("16 < M < 256", 0), ("M >= 256", 8)]
+    import yaml
+
+    spec = tmp_path / "sw.yaml"
+    spec.write_text(yaml.safe_dump({
+        "base": str(small_config), "experiment_name": "j", "seeds": [0],
+        "arms": {"a": {}, "b": {"scheduler.max_num_seqs": 8}}, "request_rates": [4]}))
+    o = cli("sweep", spec, "-o", tmp_path / "sw", "--jobs", "1", "--json")
+    assert o.rc == 0, o.err
+    res = json.loads(o.out)
+    assert (res["num_points"], res["num_run"], res["num_failed"]) == (2, 2, 0)
+    assert {r["arm"] for r in res["rows"]} == {"a", "b"} and res["ab_rows"]
 
 
 
@@ -357,3 +429,51 @@ def test_config_path_too_long_to_look_up_is_a_one_line_error():
     o = cli("run", "/tmp/" + "a" * 5000 + ".yaml")
     assert o.rc == 2
     check_contract(o, "no such config file")
+
+
+# Found by re-running the acceptance: values that validate but could not be simulated ended in
+# "internal error" (MemoryError, numpy's int64 bounds) or a hang at ``simulate run``.
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("cache.num_gpu_blocks_override", 10**8, "CUDA out of memory"),  # 195,312 GiB of KV
+    ("parallel.data_parallel_size", 10**8, "less than or equal to 1024"),
+    ("workload.prefix_len", 10**9, "longer than model.max_model_len (131072)"),
+    ("workload.input_len", 2**63, "less than or equal to 2147483647"),
+    ("workload.output_len", 2**63, "less than or equal to 2147483647"),
+])
+def test_huge_values_are_config_errors_at_run(small_config, tmp_path, key, value, says):
+    o = cli("run", small_config, "-o", tmp_path / "run", "--set", f"{key}={value}")
+    assert o.rc == 2
+    check_contract(o, str(small_config), key, says)
+    assert not (tmp_path / "run").exists()
+
+
+def test_cluster_of_more_engines_than_simulated_is_a_config_error(small_config, tmp_path):
+    import yaml
+
+    tree = yaml.safe_load(small_config.read_text())
+    tree["cluster"] = {"instances": [{"name": "a", "replicas": 1000},
+                                     {"name": "b", "replicas": 25}]}
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(tree))
+    o = cli("validate", p)
+    assert o.rc == 2
+    check_contract(o, str(p), "cluster", "1025 instances in all: at most 1024")
+
+
+@pytest.mark.parametrize("column", ["prompt_len", "output_len"])
+def test_trace_token_count_past_int32_is_a_bad_row(tmp_path, column):
+    big = "9.223372036854776e+18"  # 2**63: past numpy's int64 in trace stats
+    row = f"0,{big},1\n" if column == "prompt_len" else f"0,1,{big}\n"
+    src = _trace(tmp_path, b"0,10,10\n" + row.encode())
+    for cmd in (["trace", "stats", src], ["trace", "convert", src, "-o", tmp_path / "c.csv"]):
+        o = cli(*cmd)
+        assert o.rc == 2
+        what = column.split("_")[0]
+        check_contract(o, f"{src}:3", f"{what} length 9223372036854775808 is out of range")
+    assert not (tmp_path / "c.csv").exists()
+    o = cli("trace", "stats", src, "--skip-bad-rows", "--json")
+    assert o.rc == 0, o.err
+    res = json.loads(o.out)  # (strict JSON: one request's rate is "inf", not Infinity)
+    assert (res["requests"], res["skipped_bad_rows"], res["mean_rate_rps"]) == (1, 1, "inf")
