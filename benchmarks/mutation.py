@@ -44,19 +44,43 @@ _CORE_TESTS = [f"tests/simulator/{f}.py" for f in (
     "test_differential", "test_conformance", "test_conformance_v022", "test_rules",
     "test_properties", "test_block_pool", "test_engine", "test_quiet_steps", "test_spec_decode",
     "test_lora", "test_client_control", "test_frontend", "test_metrics_units")] + [
-    "tests/policies", "tests/cluster/test_offload.py", "tests/oracles/test_metric_oracles.py"]
+    "tests/policies", "tests/cluster/test_offload.py", "tests/oracles/test_metric_oracles.py",
+    "tests/oracles/test_metric_oracles_engine.py"]
 
 TESTS: dict[str, list[str]] = {
     "simulator/metrics.py": ["tests/simulator/test_metrics_units.py",
                              "tests/oracles/test_metric_oracles.py",
+                             "tests/oracles/test_metric_oracles_engine.py",
                              "tests/reports/test_bench_result.py"],
     "reports/bench_result.py": ["tests/reports/test_bench_result_units.py",
                                 "tests/reports/test_bench_result.py",
-                                "tests/oracles/test_metric_oracles.py"],
+                                "tests/oracles/test_metric_oracles.py",
+                                "tests/oracles/test_metric_oracles_engine.py"],
+    "reports/bench_stats.py": ["tests/reports/test_bench_result_units.py",
+                               "tests/reports/test_bench_result.py",
+                               "tests/oracles/test_metric_oracles.py",
+                               "tests/oracles/test_metric_oracles_engine.py"],
+    "reports/bench_requests.py": ["tests/reports/test_bench_result_units.py",
+                                  "tests/reports/test_bench_result.py",
+                                  "tests/oracles/test_metric_oracles.py",
+                                  "tests/oracles/test_metric_oracles_engine.py"],
     "costmodels/step.py": ["tests/costmodels/test_cost_values.py",
+                           "tests/costmodels/test_cost_values_calibrated.py",
                            "tests/costmodels/test_cost_step.py",
                            "tests/costmodels/test_cost_calibration.py"],
-    "costmodels/memory.py": ["tests/costmodels/test_cost_values.py",
+    "costmodels/operators.py": ["tests/costmodels/test_cost_values.py",
+                                "tests/costmodels/test_cost_values_calibrated.py",
+                                "tests/costmodels/test_cost_step.py",
+                                "tests/costmodels/test_cost_calibration.py"],
+    "costmodels/attention.py": ["tests/costmodels/test_cost_values.py",
+                                "tests/costmodels/test_cost_values_calibrated.py",
+                                "tests/costmodels/test_cost_step.py",
+                                "tests/costmodels/test_cost_calibration.py"],
+    "costmodels/engine_defaults.py": ["tests/costmodels/test_cost_values_calibrated.py",
+                                      "tests/costmodels/test_cost_values.py",
+                                      "tests/costmodels/test_cost_step.py",
+                                      "tests/simulator/test_conformance_v022.py"],
+    "costmodels/memory.py": ["tests/costmodels/test_cost_values_memory.py",
                              "tests/costmodels/test_cost_memory.py"],
     "workloads/generators.py": ["tests/workloads/test_distributions.py",
                                 "tests/workloads/test_random.py",
@@ -69,7 +93,11 @@ TESTS: dict[str, list[str]] = {
     # the engine tests; not the CLI, fit and shipped-config tests (slow, and they pin nothing
     # of the scheduler's decisions the others do not)
     "simulator/scheduler.py": _CORE_TESTS,
+    "simulator/decode_group.py": _CORE_TESTS,
+    "simulator/request_queue.py": _CORE_TESTS,
+    "simulator/scheduler_output.py": _CORE_TESTS,
     "simulator/kv_cache.py": _CORE_TESTS,
+    "simulator/block_pool.py": _CORE_TESTS,
 }
 
 # Lines matching these regexes are not mutated (whole statements starting on them): messages

@@ -14,6 +14,7 @@ Public API::
 
 from servesim.costmodels.batch import BatchShape, OpCost, StepCost
 from servesim.costmodels.calibration import Calibration, CalibrationWarning, load_calibration
+from servesim.costmodels.engine_defaults import capture_sizes, scheduler_defaults
 from servesim.costmodels.memory import MemoryCoefficients, MemoryPlan, plan_memory
 from servesim.costmodels.quant import WeightFormat, resolve_weight_format
 from servesim.costmodels.specs import (
@@ -27,8 +28,6 @@ from servesim.costmodels.step import (
     HostOverhead,
     StepCostModel,
     build_cost_model,
-    capture_sizes,
-    scheduler_defaults,
 )
 
 __all__ = [

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from servesim.costmodels.engine_defaults import _resolved, capture_sizes, validate_parallel
 from servesim.costmodels.quant import (
     ACT_BYTES,
     WeightFormat,
@@ -34,7 +35,6 @@ from servesim.costmodels.specs import (
     load_hardware_spec,
     load_model_spec,
 )
-from servesim.costmodels.step import _resolved, capture_sizes, validate_parallel
 from servesim.simulator.errors import CapacityError, ConfigError
 
 MIB = 1 << 20

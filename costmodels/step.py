@@ -43,14 +43,30 @@ read is capped at ``num_decode · window``; FlashAttention's K/V re-reads across
 are assumed to hit L2; MLA prefill's up-projection of the cached latent context is not
 charged; MoE experts are TP-sharded (no expert parallelism, uniform routing); data
 parallelism does not change a replica's step.
+
+Parts: the per-operator costs (GEMMs, elementwise, collectives, MoE, LM head/sampler, op
+scales) are :class:`~servesim.costmodels.operators.OperatorCosts`, the attention terms
+:class:`~servesim.costmodels.attention.AttentionCosts` (both bases of :class:`StepCostModel`);
+vLLM's start-up defaults (batch limits, CUDA-graph capture sizes) and parallel checks live in
+``costmodels/engine_defaults.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from servesim.costmodels.attention import AttentionCosts, _window_pairs
 from servesim.costmodels.batch import BatchShape, OpCost, StepCost
-from servesim.costmodels.calibration import Calibration, gemm_roof, load_calibration
+from servesim.costmodels.calibration import Calibration, load_calibration
+from servesim.costmodels.engine_defaults import _resolved, capture_sizes, validate_parallel
+from servesim.costmodels.operators import (
+    _K_ATTN,
+    _K_LM_HEAD,
+    _K_SAMPLER,
+    DEFAULT,
+    SPEC_SHEET,
+    OperatorCosts,
+)
 from servesim.costmodels.quant import (
     ACT_BYTES,
     WeightFormat,
@@ -64,11 +80,8 @@ from servesim.costmodels.specs import (
     load_hardware_spec,
     load_model_spec,
 )
-from servesim.simulator.errors import ConfigError
 
-DEFAULT = "roofline:default"
 HOST_DEFAULT = "default"  # host-overhead priors (HostOverhead), not a roofline
-SPEC_SHEET = "spec-sheet"
 
 
 @dataclass(frozen=True)
@@ -122,105 +135,8 @@ class HostOverhead:
 NONE, FULL, PIECEWISE = 0, 1, 2
 _MODE_NAMES = {NONE: "NONE", FULL: "FULL", PIECEWISE: "PIECEWISE"}
 
-# kernels per invocation (eager launches; also the GPU fixed cost per op)
-_K_NORM = 1
-_K_GEMM = 1
-_K_ROPE = 1
-_K_ATTN = 2  # reshape_and_cache + attention
-_K_ACT = 1
-_K_ROUTER = 2  # gate GEMM + top-k
-_K_EXPERTS = 6  # align/permute, w13, act, w2, un-permute, combine
-_K_LM_HEAD = 1
-_K_SAMPLER = 8  # temperature, softmax/log-softmax, random sampling, gathers
 
-
-def scheduler_defaults(hw: HardwareSpec) -> tuple[int, int]:
-    """vLLM's API-server defaults (max_num_seqs, max_num_batched_tokens): 1024 / 8192 on GPUs
-    with ≥ 70 GiB that are not A100s, else 256 / 2048 (ecosystem-formats.md §3)."""
-    if hw.memory_gib >= 70 and not hw.is_a100:
-        return 1024, 8192
-    return 256, 2048
-
-
-def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-                 max_model_len: int, enable_chunked_prefill: bool = True) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) as vLLM's
-    ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` fills unset ones: the
-    hardware defaults (:func:`scheduler_defaults`); an unset token budget is at least
-    max_model_len without chunked prefill and at most max_num_seqs · max_model_len; an unset
-    max_num_seqs is at most the token budget."""
-    seq_default, tok_default = scheduler_defaults(hw)
-    seqs = max_num_seqs if max_num_seqs is not None else seq_default
-    toks = max_num_batched_tokens
-    if toks is None:
-        toks = tok_default
-        if not enable_chunked_prefill:
-            toks = max(max_model_len, toks)
-        toks = min(seqs * max_model_len, toks)
-    if max_num_seqs is None:
-        seqs = min(seqs, toks)
-    return seqs, toks
-
-
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                  max_capture: int | None = None, sizes: list[int] | None = None,
-                  decode_query_len: int = 1) -> list[int]:
-    """vLLM's CUDA-graph capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``):
-    max = min(max_num_batched_tokens, max_cudagraph_capture_size or min(2 · max_num_seqs ·
-    decode_query_len, 512)); sizes ``[1, 2, 4] + range(8, min(max + 1, 256), 8) +
-    range(256, max + 1, 16)``, plus max_num_batched_tokens itself when it is ≤ max. A
-    configured list is only filtered by max_num_batched_tokens."""
-    if sizes:
-        return sorted({int(s) for s in sizes if s <= max_num_batched_tokens})
-    top = max_capture if max_capture is not None else min(
-        2 * max_num_seqs * decode_query_len, 512)
-    top = min(top, max_num_batched_tokens)
-    out = [i for i in (1, 2, 4) if i <= top]
-    if top >= 8:
-        out += range(8, min(top + 1, 256), 8)
-    if top >= 256:
-        out += range(256, top + 1, 16)
-    if max_num_batched_tokens <= top:
-        out.append(max_num_batched_tokens)
-    return sorted(set(out))
-
-
-def validate_parallel(spec: ModelSpec, tp: int, pp: int) -> None:
-    """vLLM's checks: TP divides the attention heads; KV heads divide or are divided by TP."""
-    if spec.num_attention_heads % tp:
-        raise ConfigError(
-            f"parallel.tensor_parallel_size={tp} does not divide num_attention_heads="
-            f"{spec.num_attention_heads} of {spec.name}"
-        )
-    nkv = spec.num_key_value_heads
-    if not spec.is_mla and (nkv % tp if tp <= nkv else tp % nkv):
-        raise ConfigError(
-            f"parallel.tensor_parallel_size={tp} is incompatible with num_key_value_heads="
-            f"{nkv} of {spec.name} (one must divide the other)"
-        )
-    if pp > spec.num_hidden_layers:
-        raise ConfigError(
-            f"parallel.pipeline_parallel_size={pp} exceeds num_hidden_layers="
-            f"{spec.num_hidden_layers} of {spec.name}"
-        )
-
-
-def _roof(flops: float, nbytes: float, peak: float, bw: float, eff_c: float,
-          eff_m: float) -> tuple[float, str, float]:
-    """(seconds, bound, efficiency) of ``max(flops/(peak·eff_c), bytes/(bw·eff_m))``."""
-    tc = flops / (peak * eff_c) if flops else 0.0
-    tm = nbytes / (bw * eff_m) if nbytes else 0.0
-    return (tc, "compute", eff_c) if tc > tm else (tm, "memory", eff_m)
-
-
-def _window_pairs(n: int, w: int | None) -> float:
-    """Σ_{j=1..n} min(j, w): (query, key) pairs of the first n causal queries."""
-    if w is None or n <= w:
-        return n * (n + 1) / 2
-    return w * (w + 1) / 2 + (n - w) * w
-
-
-class StepCostModel:
+class StepCostModel(AttentionCosts, OperatorCosts):
     """Step time of one engine step for a fixed (model, hardware, parallel, cache, graph) config.
 
     Build with :func:`build_cost_model`. ``step_seconds(batch)`` is the hot path;
@@ -358,337 +274,6 @@ class StepCostModel:
         self._decode_step_token: tuple = (None, None)
         self._decode_shape = BatchShape()
 
-    # -- structure helpers --------------------------------------------------------------------
-
-    def _kernels_per_layer(self) -> float:
-        s = self.spec
-        per_layer = 2 * _K_NORM + _K_ROPE + _K_ATTN
-        attn_gemms = [g for g, _, _ in self._gemms if g.op in
-                      ("qkv_proj", "o_proj", "qkv_a_proj", "q_b_proj", "kv_b_proj", "q_proj")]
-        per_layer += _K_GEMM * len(attn_gemms)
-        L = s.num_hidden_layers
-        ld, lm = s.num_dense_layers, s.num_moe_layers
-        mlp = ld * (2 * _K_GEMM + _K_ACT)
-        if lm:
-            mlp += lm * (_K_ROUTER + _K_EXPERTS)
-            if s.shared_expert_intermediate_size:
-                mlp += lm * (2 * _K_GEMM + _K_ACT)
-        return per_layer + mlp / L
-
-    def expected_active_experts(self, tokens: int) -> float:
-        """Distinct experts hit by ``tokens`` tokens choosing top-k of E uniformly
-        (balls into bins): E·(1 − (1 − k/E)^T)."""
-        E, k = self.spec.num_experts, self.spec.num_experts_per_tok
-        if not E or tokens <= 0:
-            return 0.0
-        return E * (1.0 - (1.0 - k / E) ** tokens)
-
-    # -- per-token-count ops (memoized by padded token count) ----------------------------------
-
-    def _gemm_op(self, name: str, lin: Linear, n: int, k: int, T: int) -> OpCost:
-        """One linear module over its layers: FLOPs 2·T·n·k (·top-k for experts); bytes =
-        weights (active experts only) + activations in/out."""
-        wf, e, cal = self.weight_format, self.eff, self.calibration
-        wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
-        if lin.num_experts > 1:
-            act_e = self.expected_active_experts(T)
-            rows = T * lin.active_experts  # (token, expert) assignments
-            flops = 2.0 * rows * n * k
-            nbytes = act_e * n * k * wb + rows * (n + k) * ACT_BYTES
-            m_eff = rows / act_e if act_e else 0.0
-            ec, em = e.grouped_gemm_compute, e.grouped_gemm_memory
-            kernels = _K_EXPERTS / 2  # two linears share the fused-MoE kernels
-        else:
-            rows = T
-            flops = 2.0 * T * n * k
-            nbytes = n * k * wb + (n if lin.bias else 0) * ACT_BYTES + T * (n + k) * ACT_BYTES
-            m_eff = T
-            ec, em = e.gemm_compute, e.gemm_memory
-            kernels = _K_GEMM if lin.op != "router" else _K_ROUTER
-        peak = self.peak_w if lin.quantized else self.peak
-        if cal is not None and cal.has("gemm"):
-            dtype, wb_, ab_, comp = self._gemm_format(lin)
-            roof = max(flops / peak, nbytes / self.bw)
-            bound = "compute" if flops / peak > nbytes / self.bw else "memory"
-            m = max(m_eff, 1.0)
-            t1, prov = cal.gemm(m, n, k, dtype, weight_bytes=wb_, act_bytes=ab_, compute=comp)
-            if lin.num_experts > 1:  # grouped GEMM: the measured efficiency at m rows/expert
-                eff = min(1.0, gemm_roof(cal.peaks, m, n, k, wb_, ab_, comp) / t1)
-                sec = roof / eff
-            else:
-                sec = t1
-                eff = roof / sec if sec > 0 else 1.0
-        else:
-            sec, bound, eff = _roof(flops, nbytes, peak, self.bw, ec, em)
-            sec += kernels * e.kernel_fixed_s
-            prov = DEFAULT
-        L = lin.layers
-        return OpCost(name, L, sec * L, flops * L, nbytes * L, bound, eff, prov)
-
-    def _gemm_format(self, lin: Linear) -> tuple[str, float, float, str]:
-        """(GEMM table dtype, weight bytes, activation bytes, tensor rate) of a linear:
-        W8A8 fp8 → ``fp8`` (``fp8_block`` with block-scaled checkpoints), int8 → ``int8``,
-        bf16/fp16 → ``bfloat16``; weight-only formats (W4A16, fp8 Marlin) keep their name
-        (no table: the bf16 table scaled by the rooflines)."""
-        if not lin.quantized:
-            return "bfloat16", ACT_BYTES, ACT_BYTES, "bf16"
-        wf = self.weight_format
-        if wf.compute == "fp8":
-            return ("fp8_block" if self.spec.weight_block_size else "fp8",
-                    wf.bytes_per_param, 1.0, "fp8")
-        if wf.compute == "int8":
-            return "int8", wf.bytes_per_param, 1.0, "int8"
-        if wf.name in ("bf16", "fp16"):
-            return "bfloat16", wf.bytes_per_param, ACT_BYTES, "bf16"
-        return wf.name, wf.bytes_per_param, ACT_BYTES, "bf16"
-
-    def _elementwise(self, name: str, count: int, nbytes: float, kernels: int) -> OpCost:
-        """Memory-bound op: bytes / (bw · eff) + kernels · fixed, totals over ``count`` calls."""
-        t = nbytes / (self.bw * self._ew_eff) if nbytes else 0.0
-        t += kernels * self.eff.kernel_fixed_s  # memcpy calibration is a 1 GiB copy: no fixed
-        return OpCost(name, count, t * count, 0.0, nbytes * count, "memory", self._ew_eff,
-                      self._ew_prov)
-
-    def _comm(self, name: str, count: int, payload: float, kind: str = "all_reduce",
-              graph: bool = True) -> OpCost:
-        """TP all-reduce of ``payload`` bytes per call: the measured all-reduce table of the
-        calibration (by bytes and TP size; CUDA-graph or eager per ``graph``) when there is
-        one, else from the spec-sheet link bw/latency:
-
-        ring: 2(p−1)·lat + 2(p−1)/p · B / bw; one-shot (vLLM custom all-reduce over a P2P
-        fabric, B ≤ 8 MiB): lat + (p−1) · B / bw; two-shot: 2·lat + 2(p−1)/p · B / bw.
-        PP handoff: lat + B / bw.
-        """
-        hw, p = self.hw, self.tp
-        cal = self.calibration
-        if kind == "all_reduce" and cal is not None and cal.has("allreduce"):
-            got = cal.allreduce(p, payload, graph)
-            if got is not None:
-                t, prov = got
-                roof = 2 * (p - 1) / p * payload / hw.link_bw
-                return OpCost(name, count, t * count, 0.0, payload * count, "link",
-                              roof / t if t > 0 else 1.0, prov)
-        lat, bw = hw.link_latency, hw.link_bw
-        if kind == "send":
-            algos = [(lat, payload / bw)]
-        else:
-            algos = [(2 * (p - 1) * lat, 2 * (p - 1) / p * payload / bw)]  # NCCL ring
-            if hw.has_nvlink and payload <= 8 * 2**20:
-                algos.append((lat, (p - 1) * payload / bw))  # one-shot
-                algos.append((2 * lat, 2 * (p - 1) / p * payload / bw))  # two-shot
-        t_lat, t_bw = min(algos, key=lambda a: a[0] + a[1])
-        t = t_lat + t_bw
-        bound = "latency" if t_lat >= t_bw else "link"
-        return OpCost(name, count, t * count, 0.0, payload * count, bound, 1.0, SPEC_SHEET)
-
-    def dense_ops(self, T: int) -> list[OpCost]:
-        """All ops whose cost depends only on the (padded) token count ``T``, vLLM order."""
-        h = self.spec.hidden_size
-        ops: list[OpCost] = []
-        if T <= 0:
-            return ops
-        ops.append(self._elementwise("embed_tokens", 1, 2 * T * h * ACT_BYTES, 1))
-        if self.scales:
-            return self._scaled(self._dense_ops(T, ops))
-        return self._dense_ops(T, ops)
-
-    def _dense_ops(self, T: int, ops: list[OpCost]) -> list[OpCost]:
-        s, L, tp = self.spec, self.L, self.tp
-        h = s.hidden_size
-        ops.append(self._elementwise("input_layernorm", 2 * L + 1, 4 * T * h * ACT_BYTES,
-                                     _K_NORM))
-        merged: dict[str, OpCost] = {}
-        for lin, n, k in self._gemms:
-            op = self._gemm_op(lin.op, lin, n, k, T)
-            if lin.op in merged:
-                m = merged[lin.op]
-                merged[lin.op] = OpCost(m.name, m.count, m.seconds + op.seconds, m.flops +
-                                        op.flops, m.bytes + op.bytes,
-                                        m.bound if m.seconds >= op.seconds else op.bound,
-                                        m.efficiency, m.provenance)
-            else:
-                merged[lin.op] = op
-        rot = s.rotary_dim or s.head_dim
-        kvh = 1 if s.is_mla else s.kv_heads_per_rank(tp)
-        rope_bytes = 2 * T * (self.nh_r + kvh) * rot * ACT_BYTES
-        order_attn = ("qkv_a_proj", "q_proj", "q_b_proj", "kv_b_proj", "qkv_proj")
-        for name in order_attn:
-            if name in merged:
-                ops.append(merged.pop(name))
-        ops.append(self._elementwise("rotary_emb", L, rope_bytes, _K_ROPE))
-        if "o_proj" in merged:
-            ops.append(merged.pop("o_proj"))
-        for name in ("gate_up_proj",):
-            if name in merged:
-                ops.append(merged.pop(name))
-        ld = s.num_dense_layers
-        i_r = -(-s.intermediate_size // tp)
-        act_calls = ld
-        act_bytes = 3 * T * i_r * ACT_BYTES
-        if ld:
-            ops.append(self._elementwise("act_fn", act_calls, act_bytes, _K_ACT))
-        for name in ("down_proj", "router", "experts", "shared_experts"):
-            if name in merged:
-                ops.append(merged.pop(name))
-        if s.num_moe_layers and s.shared_expert_intermediate_size:
-            ish = -(-s.shared_expert_intermediate_size // tp)
-            ops.append(self._elementwise("shared_experts.act_fn", s.num_moe_layers,
-                                         3 * T * ish * ACT_BYTES, _K_ACT))
-        ops.extend(merged.values())
-        if s.num_moe_layers:
-            self._moe_from_table(ops, T)
-        if tp > 1:
-            graph = 0 < T <= self._max_graph
-            ops.append(self._comm("all_reduce", 2 * L + 1, T * h * ACT_BYTES, graph=graph))
-        if self.pp > 1:
-            ops.append(self._comm("pp_send_recv", self.pp - 1, 2 * T * h * ACT_BYTES, "send"))
-        return ops
-
-    def _moe_from_table(self, ops: list[OpCost], T: int) -> None:
-        """Replace the routed-experts op's time by the measured fused-MoE layer time (per
-        layer: tokens ``T``, the model's exact expert shape at this TP), when tabled."""
-        cal, s = self.calibration, self.spec
-        if cal is None or not cal.has("moe"):
-            return
-        got = self._moe_cache.get(T, 0)
-        if got == 0:
-            lin = next(g for g, _, _ in self._gemms if g.op == "experts")
-            got = cal.moe(self._gemm_format(lin)[0], s.hidden_size, s.moe_intermediate_size,
-                          s.num_experts_per_tok, s.num_experts, self.tp, T)
-            self._moe_cache[T] = got
-        if got is None:
-            return
-        t, prov = got
-        for i, op in enumerate(ops):
-            if op.name == "experts":
-                sec = t * op.count
-                roof = max(op.flops / self.peak_w, op.bytes / self.bw)
-                ops[i] = OpCost(op.name, op.count, sec, op.flops, op.bytes, op.bound,
-                                roof / sec if sec > 0 else 1.0, prov)
-
-    def _dense_seconds(self, T: int) -> float:
-        t = 0.0
-        for op in self.dense_ops(T):
-            t += op.seconds
-        self._dense_cache[T] = t
-        return t
-
-    def head_ops(self, s: int) -> list[OpCost]:
-        """LM head (vocab-parallel GEMM on the sampled rows, + logits gather at TP>1) and the
-        sampler (≈4 fp32 passes over s × vocab logits)."""
-        if s <= 0:
-            return []
-        spec, tp = self.spec, self.tp
-        V, h = spec.vocab_size, spec.hidden_size
-        v_r = -(-V // tp)
-        lin = Linear("lm_head", "lm_head", h, v_r, 1, "replicated", quantized=False)
-        op = self._gemm_op("lm_head", lin, v_r, h, s)
-        if tp > 1:  # tensor_model_parallel_gather of the logits
-            g = self._comm("logits_gather", 1, (tp - 1) * s * v_r * ACT_BYTES, "send")
-            op = OpCost(op.name, op.count, op.seconds + g.seconds, op.flops, op.bytes + g.bytes,
-                        op.bound, op.efficiency, op.provenance)
-        sampler = self._elementwise("sampler", 1, 4 * s * V * 4, _K_SAMPLER)
-        return self._scaled([op, sampler]) if self.scales else [op, sampler]
-
-    # -- one global time factor per op family (``scales:`` in a calibration file; simulate fit)
-
-    @staticmethod
-    def op_family(name: str) -> str:
-        """``gemm`` | ``attention`` | ``elementwise`` | ``comm`` | ``moe`` of an op name."""
-        if name == "attn":
-            return "attention"
-        if name == "experts":
-            return "moe"
-        if name in ("all_reduce", "pp_send_recv"):
-            return "comm"
-        if name.endswith("_proj") or name in ("lm_head", "router", "shared_experts"):
-            return "gemm"
-        return "elementwise"
-
-    def set_scales(self, scales: dict[str, float]) -> None:
-        """Multiply each op family's time by ``scales[family]`` (1 where absent)."""
-        self.scales = {k: float(v) for k, v in (scales or {}).items() if float(v) != 1.0}
-        self._attn_scale = self.scales.get("attention", 1.0)
-        self._dense_cache.clear()
-        self._head_cache.clear()
-
-    def _scaled(self, ops: list[OpCost]) -> list[OpCost]:
-        out = []
-        for op in ops:
-            f = self.scales.get(self.op_family(op.name), 1.0)
-            out.append(op if f == 1.0 else OpCost(op.name, op.count, op.seconds * f, op.flops,
-                                                  op.bytes, op.bound, op.efficiency / f,
-                                                  op.provenance + f"×{f:g}"))
-        return out
-
-    def _head_seconds(self, s: int) -> float:
-        t = 0.0
-        for op in self.head_ops(s):
-            t += op.seconds
-        self._head_cache[s] = t
-        return t
-
-    # -- attention -------------------------------------------------------------------------------
-
-    def _decode_attn(self, nd: int, ctx: int) -> float:
-        """Decode attention, all layers (seconds): KV bytes read = Σ context · kv bytes/token."""
-        if not self._cal_dec:
-            x = ctx * self._dF
-            y = ctx * self._dB + nd * self._dBr
-            return max(y, x)
-        return self._decode_cal(nd, ctx)[0]
-
-    def _decode_cal(self, nd: int, ctx: int) -> tuple[float, str]:
-        """Measured decode attention, all layers: one call of ``nd`` rows at the mean context
-        (rounded to a multiple of 16 tokens), (seconds, provenance)."""
-        key = (nd, (ctx // nd + 8) >> 4)
-        got = self._dec_cache.get(key)
-        if got is None:
-            t, prov = self.calibration.decode(*self._layout, nd, max(1, key[1] << 4))
-            got = self._dec_cache[key] = (self.L * t, prov)
-        return got
-
-    def _prefill_attn(self, c: int, p: int) -> float:
-        """Prefill chunk of ``c`` new tokens after ``p`` cached ones (all layers, seconds):
-        causal (query, key) pairs = c·p + c(c+1)/2 (window-capped), 4·heads·head_dim FLOPs each;
-        bytes = cached + new KV read + q/o + KV write."""
-        w = self.window
-        if w:
-            pairs = _window_pairs(p + c, w) - _window_pairs(p, w)
-            kv = min(p + c, w + c)
-        else:
-            pairs = c * p + c * (c + 1) / 2
-            kv = p + c
-        if not self._cal_pre:
-            x = pairs * self._pF
-            y = kv * self._pBkv + c * self._pBr
-            return max(y, x)
-        return self._prefill_cal(c, p)[0]
-
-    def _prefill_cal(self, c: int, p: int) -> tuple[float, str]:
-        """Measured prefill attention of one chunk, all layers (cached context in 16-token
-        buckets), (seconds, provenance). A sliding window caps the cached context the chunk
-        sees at ``window`` (and its causal pairs at the windowed count)."""
-        key = (c, p >> 4)
-        got = self._pre_cache.get(key)
-        if got is None:
-            p16 = key[1] << 4
-            w = self.window
-            pe = min(p16, w) if w else p16
-            t, prov = self._cal_prefill(c, pe)
-            if w and c > w:
-                t *= (_window_pairs(p16 + c, w) - _window_pairs(p16, w)) / (
-                    c * pe + c * (c + 1) / 2)
-            got = self._pre_cache[key] = (self.L * t, prov)
-        return got
-
-    def _attn_shared(self, nd: int, n_pre: int) -> float:
-        """Seconds of latency floor not paid twice: attention parts that vLLM runs in one
-        kernel call per layer (all prefill chunks; with FlashAttention/Triton also the decode
-        rows) pay the measured floor once (0 without measured attention)."""
-        n = (n_pre - 1 if n_pre else 0) + (1 if nd and n_pre and self._attn_unified else 0)
-        return n * self._attn_floor
-
     # -- the hot path ----------------------------------------------------------------------------
 
     def runtime_mode(self, batch: BatchShape) -> tuple[int, int]:
@@ -701,13 +286,6 @@ class StepCostModel:
         if mode and 0 < T <= self._max_graph:
             return mode, self._pad[T]
         return NONE, T
-
-    def _spec_decode_attn(self, nd: int, ns: int, ctx: int, t: float) -> float:
-        """Decode attention ``t`` (nd rows of one query, Σ context ``ctx``) when the rows also
-        verify ``ns`` draft tokens (vLLM: one attention call, query length 1 + k per row):
-        the KV is read once, the q/o rows and KV writes grow by ``ns``, the FLOPs by the mean
-        query length (nd + ns) / nd."""
-        return max(t + ns * self._dBr, ctx * (nd + ns) / nd * self._dF)
 
     def decode_step_seconds(self, nd: int, ctx_sum: int) -> float:
         """:meth:`step_seconds` of a decode-only batch of ``nd`` rows reading ``ctx_sum``
@@ -900,16 +478,6 @@ class StepCostModel:
         return {lin.op for lin, _, _ in self._gemms if lin.quantized}
 
 
-def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
-    """(max_num_seqs, max_num_batched_tokens, max_model_len), filling vLLM defaults when the
-    config has not been through ``resolve_config`` yet."""
-    sc = cfg.scheduler
-    mml = cfg.model.max_model_len or spec.max_position_embeddings
-    seqs, toks = batch_limits(hw, sc.max_num_seqs, sc.max_num_batched_tokens, mml,
-                              sc.enable_chunked_prefill)
-    return seqs, toks, mml
-
-
 def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
                      host: HostOverhead | None = None) -> StepCostModel:
     """Resolved :class:`~servesim.simulator.config.ExperimentConfig` → :class:`StepCostModel`."""
@@ -958,7 +526,4 @@ __all__ = [
     "HostOverhead",
     "StepCostModel",
     "build_cost_model",
-    "capture_sizes",
-    "scheduler_defaults",
-    "validate_parallel",
 ]

@@ -259,8 +259,8 @@ def catalog_needs() -> dict[str, set]:
     ``gemm``: {(dtype, n, k)}; ``attention``: {(kv_dtype, head_dim, kv_heads, heads)};
     ``moe``: {(dtype, hidden, inter, topk, experts, tp)}."""
     from servesim.costmodels.config import ModelConfig
+    from servesim.costmodels.engine_defaults import validate_parallel
     from servesim.costmodels.specs import Linear, load_model_spec, model_names
-    from servesim.costmodels.step import validate_parallel
 
     gemm, attn, moe = set(), set(), set()
     for name in model_names():

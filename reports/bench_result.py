@@ -51,6 +51,9 @@ tokens per verification step, bonus included) and ``spec_decode_mean_accepted_to
 (accepted drafts per step). LoRA extras: ``max_loras``, ``max_cpu_loras``, adapters seen, the
 most adapters in one batch, GPU-slot hits and loads from CPU / disk.
 
+The statistics are computed in ``bench_stats.py``; the per-request arrays, per-request lists and
+the views of the measured / one stage's requests come from ``bench_requests.py``.
+
 Extras after vLLM's keys: see :data:`EXTRA_KEYS`. ``wall_seconds`` and ``sim_speed`` are host
 timings (:data:`VOLATILE_KEYS`); ``write_run`` keeps them out of ``result.json``.
 """
@@ -63,18 +66,31 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from servesim.reports.bench_requests import (
+    _ALWAYS,
+    _DETAILED,
+    PerRequest,
+    _col,
+    _floats,
+    _View,
+    _Window,
+    measured_view,
+)
+from servesim.reports.bench_stats import (
+    MILLISECONDS_PER_SECOND,
+    _itl_stats,
+    _max_concurrent,
+    _max_output_tokens_per_s,
+    _sketch_stats,
+    _stats,
+    percentile_word,
+)
 from servesim.simulator.metrics import (
     EXACT_SAMPLES,
     SKETCH_RELATIVE_ACCURACY,
     Distribution,
     RunResult,
 )
-
-MILLISECONDS_PER_SECOND = 1000.0
-COMPLETED_REASONS = ("stop", "length")
-# Above this many pooled ITL samples, statistics are computed from (value, count) pairs
-# instead of an np.repeat expansion (same definitions; avoids GBs of memory).
-_ITL_EXPAND_LIMIT = 20_000_000
 
 # (attribute name, console name, console section header) in vLLM's fixed print/save order
 METRIC_INFO = (
@@ -92,11 +108,6 @@ def _metric_keys(metric: str, percentiles: list[float]) -> list[str]:
     return [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms"] + [
         f"p{percentile_word(p)}_{metric}_ms" for p in percentiles
     ]
-
-
-def percentile_word(p: float) -> str:
-    """``99.0 → "99"``, ``99.9 → "99.9"`` (vLLM's ``p{P}_..._ms`` key spelling)."""
-    return str(int(p)) if int(p) == p else str(p)
 
 
 # vLLM's keys for the default metric set (ttft,tpot,itl,e2el at p99), without --save-detailed,
@@ -177,153 +188,11 @@ def _num(x: Any) -> Any:
     return x if math.isfinite(x) else None
 
 
-def _floats(a: np.ndarray, fill: float | None = 0.0) -> list:
-    """Array → list of Python floats, NaN/inf replaced by ``fill``."""
-    a = np.asarray(a, dtype=float)
-    return [v if math.isfinite(v) else fill for v in a.tolist()]
-
-
-def _stats(values: np.ndarray, percentiles: list[float],
-           scratch: bool = False) -> dict[str, float]:
-    """mean/median/std/percentiles in ms of ``values`` (s), with vLLM's ``x or 0`` for empty.
-    ``scratch``: ``values`` is a temporary the order statistics may partition in place (the
-    same values: mean and std, whose sums depend on the order, are taken first)."""
-    x = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
-    mean = float(np.mean(x)) * MILLISECONDS_PER_SECOND
-    std = float(np.std(x)) * MILLISECONDS_PER_SECOND
-    out = {
-        "mean": mean,
-        "median": float(np.median(x, overwrite_input=scratch)) * MILLISECONDS_PER_SECOND,
-        "std": std,
-    }
-    for p in percentiles:
-        out[f"p{percentile_word(p)}"] = float(
-            np.percentile(x, p, overwrite_input=scratch)) * MILLISECONDS_PER_SECOND
-    return out
-
-
-def _weighted_percentile(values: np.ndarray, counts: np.ndarray, p: float) -> float:
-    """``np.percentile(np.repeat(values, counts), p)`` (linear) without the expansion."""
-    order = np.argsort(values, kind="stable")
-    v, c = values[order], counts[order]
-    cum = np.cumsum(c)
-    n = int(cum[-1])
-    rank = p / 100.0 * (n - 1)
-    lo, hi = math.floor(rank), math.ceil(rank)
-    x_lo = v[np.searchsorted(cum, lo, side="right")]
-    x_hi = v[np.searchsorted(cum, hi, side="right")]
-    return float(x_lo + (x_hi - x_lo) * (rank - lo))
-
-
-def _itl_stats(values: np.ndarray, counts: np.ndarray, percentiles: list[float]) -> dict:
-    values = np.asarray(values, dtype=float)
-    counts = np.asarray(counts, dtype=np.int64)
-    keep = counts > 0
-    values, counts = values[keep], counts[keep]
-    total = int(counts.sum()) if len(counts) else 0
-    if total <= _ITL_EXPAND_LIMIT:
-        return _stats(np.repeat(values, counts), percentiles, scratch=True)
-    w = counts / total
-    mean = float(np.sum(values * w))
-    out = {
-        "mean": mean * MILLISECONDS_PER_SECOND,
-        "median": _weighted_percentile(values, counts, 50.0) * MILLISECONDS_PER_SECOND,
-        "std": math.sqrt(float(np.sum(w * (values - mean) ** 2))) * MILLISECONDS_PER_SECOND,
-    }
-    for p in percentiles:
-        key = f"p{percentile_word(p)}"
-        out[key] = _weighted_percentile(values, counts, p) * MILLISECONDS_PER_SECOND
-    return out
-
-
-def _col(requests: dict, name: str, n: int, default: float = np.nan) -> np.ndarray:
-    if name in requests:
-        return np.asarray(requests[name])
-    return np.full(n, default)
-
-
 def _take(parts: list[np.ndarray]) -> np.ndarray:
     """Concatenate and empty ``parts`` (so the pieces are freed as the whole appears)."""
     out = np.concatenate(parts) if parts else np.zeros(0)
     parts.clear()
     return out
-
-
-def _max_concurrent(start: np.ndarray, end: np.ndarray, t0: float,
-                    presorted: bool = False) -> int:
-    """vLLM 0.22.1's ``max_concurrent_requests``: requests are bucketed by whole seconds since
-    ``t0`` (the first send), each counted in every bucket from ``int(start − t0)`` to
-    ``int(end − t0)`` inclusive (active at any moment of that second); the peak bucket. The
-    count only rises at a start bucket b, where it is #(start buckets ≤ b) − #(end buckets
-    < b). Two sorts, no per-second array: 16 bytes per request."""
-    if len(start) == 0:
-        return 0
-    s, e = (start, end) if presorted else (np.sort(start), np.sort(end))
-    # bucket numbers, in place (``presorted`` arrays are the caller's to consume): sorted,
-    # as a monotone map of sorted times
-    sb = np.floor(np.subtract(s, t0, out=s), out=s)
-    eb = np.floor(np.subtract(e, t0, out=e), out=e)
-    best = 0
-    for lo in range(0, len(sb), 1 << 20):
-        blk = np.unique(sb[lo:lo + (1 << 20)])
-        started = np.searchsorted(sb, blk, side="right")
-        ended = np.searchsorted(eb, blk, side="left")
-        best = max(best, int(np.max(started - ended)))
-    return best
-
-
-def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: float) -> float:
-    """Peak 1-s bucket of generated tokens (see module docstring for the approximation).
-
-    ``first``: first-token times of the completed requests; None for a streamed run (then
-    read window by window, keeping only per-bucket counts)."""
-    steps = result.steps or {}
-    times = np.asarray(steps.get("time_s", []), dtype=float)
-    if "num_generated_tokens" in steps:
-        tokens = np.asarray(steps["num_generated_tokens"], dtype=float)
-        first, firsts = np.zeros(0), iter(())
-    elif "vllm:generation_tokens_total" in steps:
-        cum = np.asarray(steps["vllm:generation_tokens_total"], dtype=float)
-        tokens = np.diff(cum, prepend=0.0)
-        first, firsts = np.zeros(0), iter(())
-    else:
-        tokens = np.asarray(steps.get("num_decode_reqs", np.zeros(len(times))), dtype=float)
-        if first is not None:
-            firsts = iter([first])
-        else:
-            firsts = (np.asarray(w["first_token_s"], dtype=float)[
-                np.isin(np.asarray(w["finished_reason"]).astype(str), COMPLETED_REASONS)]
-                for w in result.iter_requests())
-    counts = np.zeros(0)
-
-    def add(t: np.ndarray, k: np.ndarray) -> None:
-        nonlocal counts
-        ok = np.isfinite(t) & np.isfinite(k) & (t >= t0)
-        if ok.any():
-            b = np.bincount(np.floor(t[ok] - t0).astype(np.int64), weights=k[ok])
-            if len(b) > len(counts):
-                b[:len(counts)] += counts
-                counts = b
-            else:
-                counts[:len(b)] += b
-
-    if first is not None:  # in memory: one bincount over steps + first tokens, as always
-        first = first[np.isfinite(first)]
-        add(np.concatenate([times, first]), np.concatenate([tokens, np.ones(len(first))]))
-    else:
-        add(times, tokens)
-        for f in firsts:
-            add(f, np.ones(len(f)))
-    return float(np.max(counts)) if len(counts) else 0.0
-
-
-def _errors(req: dict, reasons: np.ndarray, done: np.ndarray) -> list[str]:
-    """vLLM's ``errors``: "" for a success, else the request's error (or finished_reason)."""
-    err = np.asarray(req["error"]).astype(str) if "error" in req else reasons
-    return [
-        "" if ok else (e if e not in ("", "nan", "None") else r)
-        for ok, e, r in zip(done.tolist(), err.tolist(), reasons.tolist())
-    ]
 
 
 def _traffic(result: RunResult, key: str, default: Any = None) -> Any:
@@ -345,69 +214,6 @@ def _version() -> str:
 def parse_list(text: str | None) -> list[str]:
     """``"ttft, tpot,itl"`` → ``["ttft", "tpot", "itl"]``."""
     return [s.strip() for s in (text or "").split(",") if s.strip()]
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-class PerRequest:
-    """A per-request JSON list of a streamed run (``latencies``, ``queue_times``, the
-    ``save_detailed`` arrays), produced window by window when ``result.json`` is written;
-    ``list(x)`` materialises it."""
-
-    def __init__(self, result: RunResult, fn):
-        self.result, self.fn = result, fn
-
-    def windows(self):
-        for req in self.result.iter_requests():
-            yield self.fn(_Window(req))
-
-    def __iter__(self):
-        for part in self.windows():
-            yield from part
-
-    def __len__(self) -> int:
-        return self.result.num_requests
-
-
-class _Window:
-    """Per-request arrays of one window of ``RunResult.requests`` (see compute_bench_result)."""
-
-    def __init__(self, req: dict):
-        self.req = req
-        self.reasons = np.asarray(req["finished_reason"]).astype(str)
-        n = self.n = len(self.reasons)
-        self.done = np.isin(self.reasons, COMPLETED_REASONS)
-        self.prompt_len = _col(req, "prompt_len", n, 0).astype(np.int64)
-        self.output_len = _col(req, "output_len", n, 0).astype(np.int64)
-        arrival = _col(req, "arrival_s", n).astype(float)
-        self.send = _col(req, "send_s", n).astype(float) if "send_s" in req else arrival.copy()
-        self.finish = _col(req, "finish_s", n).astype(float)
-        # ttft_s / e2el_s are measured from send_s (RunResult contract); fill gaps from
-        # timestamps
-        ttft_all = _col(req, "ttft_s", n).astype(float)
-        e2el_all = _col(req, "e2el_s", n).astype(float)
-        with np.errstate(invalid="ignore"):
-            self.ttft_all = np.where(np.isnan(ttft_all), _col(req, "first_token_s", n)
-                                     - self.send, ttft_all)
-            self.e2el_all = np.where(np.isnan(e2el_all), self.finish - self.send, e2el_all)
-        self.client_queue = np.where(np.isfinite(self.send - arrival), self.send - arrival, 0.0)
-
-
-# per-request JSON lists: key → window → list (vLLM's save_detailed arrays, then the two
-# arrays vLLM always writes)
-_DETAILED = {
-    "input_lens": lambda w: w.prompt_len.tolist(),
-    "output_lens": lambda w: np.where(w.done, w.output_len, 0).tolist(),
-    "ttfts": lambda w: _floats(np.where(w.done, w.ttft_all, 0.0)),
-    "start_times": lambda w: _floats(w.send, None),
-    "generated_texts": lambda w: [""] * w.n,
-    "errors": lambda w: _errors(w.req, w.reasons, w.done),
-}
-_ALWAYS = {
-    "latencies": lambda w: _floats(np.where(w.done, w.e2el_all, 0.0)),
-    "queue_times": lambda w: _floats(w.client_queue),
-}
 
 
 def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
@@ -705,16 +511,6 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     return bench
 
 
-def _sketch_stats(dist: Distribution, percentiles: list[float]) -> dict[str, float]:
-    """mean/median/std/percentiles in ms from a sketched Distribution (0 when empty)."""
-    out = {"mean": dist.mean * MILLISECONDS_PER_SECOND,
-           "median": dist.quantile(0.5) * MILLISECONDS_PER_SECOND,
-           "std": dist.std() * MILLISECONDS_PER_SECOND}
-    for p in percentiles:
-        out[f"p{percentile_word(p)}"] = dist.quantile(p / 100.0) * MILLISECONDS_PER_SECOND
-    return out
-
-
 def metrics_in(bench: dict) -> list[tuple[str, str, str, list[str]]]:
     """Metrics present in a bench dict: (attr, console name, header, percentile words)."""
     found = []
@@ -737,95 +533,6 @@ STAGE_KEYS = (
     "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
     "max_concurrent_requests",
 )
-
-
-class _View:
-    """A :class:`RunResult` restricted to some requests: the measured (non-warm-up) ones, or
-    one stage's. Metrics over it follow vLLM's definitions, except that ``duration`` runs from
-    the first send of its requests (not from the benchmark start) to the last completion."""
-
-    def __init__(self, parent: RunResult, keep, itl: Distribution | None, meta: dict):
-        self.parent = parent
-        self.keep = keep
-        self.config = parent.config
-        self.counters = parent.counters
-        self.capacity = parent.capacity
-        self.workload_meta = {**(parent.workload_meta or {}), **meta}
-        self.streamed = parent.streamed
-        self.request_log = None
-        if itl is None:
-            self.itl_values, self.itl_counts = parent.itl_values, parent.itl_counts
-            self.itl_stream = parent.itl_stream
-        elif itl.exact:
-            self.itl_values, self.itl_counts = itl.exact_sample()
-            self.itl_stream = None
-        else:
-            self.itl_values, self.itl_counts, self.itl_stream = np.zeros(0), np.zeros(0), itl
-        n = t0 = 0
-        t0, t1, warm = math.inf, -math.inf, 0
-        for w in parent.iter_requests():
-            m = keep(w)
-            if "warmup" in w:
-                warm += int(np.asarray(w["warmup"], dtype=bool).sum())
-            n += int(m.sum())
-            send = np.asarray(w["send_s"], dtype=float)[m]
-            send = send[np.isfinite(send)]
-            if len(send):
-                t0 = min(t0, float(send.min()))
-            fin = np.asarray(w["finish_s"], dtype=float)[m]
-            fin = fin[np.isfinite(fin)]
-            if len(fin):
-                t1 = max(t1, float(fin.max()))
-        self.num_requests, self.num_warmup = n, warm
-        self.t0 = t0 if math.isfinite(t0) else 0.0
-        self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
-        steps = parent.steps or {}
-        if "time_s" in steps and len(steps["time_s"]):
-            tt = np.asarray(steps["time_s"], dtype=float)
-            sel = (tt >= self.t0) & (tt <= (t1 if math.isfinite(t1) else self.t0))
-            self.steps = {k: np.asarray(v)[sel] for k, v in steps.items()}
-        else:
-            self.steps = steps
-
-    def iter_requests(self, rows: int | None = None):
-        for w in self.parent.iter_requests(rows):
-            m = self.keep(w)
-            yield {k: np.asarray(v)[m] for k, v in w.items()}
-
-
-def _not_warmup(w: dict) -> np.ndarray:
-    return ~np.asarray(w["warmup"], dtype=bool)
-
-
-def _merged_itl(dists: list) -> Distribution | None:
-    """One Distribution of several exact ones (None if any is sketched or none given)."""
-    if not dists or any(not d.exact for d in dists):
-        return None
-    out = Distribution()
-    for d in dists:
-        v, c = d.exact_sample()
-        if len(v):
-            out.add(v, c)
-    return out
-
-
-def measured_view(result: RunResult):
-    """``result`` itself for plain runs (and runs with timeouts only), else the view of its
-    non-warm-up requests; ITL from the samples of the non-warm-up stages."""
-    if not getattr(result, "client_columns", False):
-        return result
-    meta = result.workload_meta or {}
-    plan = meta.get("stages") or []
-    if not plan and not meta.get("warmup"):
-        return result
-    itl = None
-    stage_itl = getattr(result, "stage_itl", None) or {}
-    if plan and any(st["warmup"] for st in plan):
-        itl = _merged_itl([d for k, d in sorted(stage_itl.items())
-                           if k < len(plan) and not plan[k]["warmup"]])
-    view = _View(result, _not_warmup, itl, {})
-    view.workload_meta["num_prompts"] = view.num_requests
-    return view
 
 
 def stage_results(result: RunResult) -> list[dict]:

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-from servesim.reports.bench_result import VOLATILE_KEYS, PerRequest, compute_bench_result
+from servesim.reports.bench_requests import PerRequest
+from servesim.reports.bench_result import VOLATILE_KEYS, compute_bench_result
 from servesim.simulator.errors import ServesimError
 from servesim.simulator.metrics import (
     RAW_FIELDS,
@@ -163,7 +164,7 @@ def _row_windows(columns: dict[str, Any], rows: int = 65_536):
 
 def write_result(f, bench: dict) -> None:
     """Write :func:`dumps_result`'s text to ``f``; per-request lists of a streamed run
-    (``bench_result.PerRequest``) are written window by window."""
+    (``bench_requests.PerRequest``) are written window by window."""
     f.write("{\n")
     first = True
     for k, v in bench.items():
@@ -379,7 +380,7 @@ class _StepRows:
     interval closes)."""
 
     def __init__(self, interval: float | None):
-        from servesim.simulator.engine import Recorder
+        from servesim.simulator.recorder import Recorder
         from servesim.simulator.runner import StepSampler
 
         self.sampler = StepSampler(interval)
@@ -538,7 +539,7 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
     Per-request rows are written window by window (bounded memory for streamed runs), or were
     written during the simulation by ``requests_stream`` (into the same staging folder).
     ``formats``: also write the run as those benchmark clients would have
-    (``inference-perf``, ``guidellm``, ``aiperf``; ``reports/clients.py``).
+    (``inference-perf``, ``guidellm``, ``aiperf``; ``reports/client_export.py``).
     """
     from servesim.simulator.progress import phase
 
@@ -587,7 +588,7 @@ def write_run(result: RunResult, outdir: str | Path | OutputDir, *, date: str | 
         if not ts_sent:
             _write_timeseries(out.file(TIMESERIES_FILE), steps)
         if formats:
-            from servesim.reports.clients import write_client_results
+            from servesim.reports.client_export import write_client_results
 
             with phase("writing " + ", ".join(formats) + " results"):
                 write_client_results(result, bench, out.staging, formats)

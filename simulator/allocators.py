@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import heapq
 
-from servesim.simulator.kv_cache import BlockPool, KVCacheManager
+from servesim.simulator.block_pool import BlockPool
+from servesim.simulator.kv_cache import KVCacheManager
 from servesim.simulator.registry import register_kv_allocator
 from servesim.simulator.request import Request
 

@@ -1,6 +1,6 @@
 """What benchmark clients do beyond ``vllm bench serve``: load stages, warm-up, timeouts.
 
-:class:`ClientControl` is attached to the engine's :class:`~servesim.simulator.engine.Client`
+:class:`ClientControl` is attached to the engine's :class:`~servesim.simulator.client.Client`
 only when a run uses one of these (``Client(control=...)``); plain runs never touch it.
 
 - **Stages** (``workload.stages``, ``workloads/stages.py``): the control's process replaces the

@@ -395,13 +395,13 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     - ``scheduler.max_num_seqs`` / ``max_num_batched_tokens``: ``vllm serve`` defaults — 1024 /
       8192 on GPUs with >= 70 GiB that are not A100s (H100, H200, MI300X, B200), else 256 / 2048
       (ecosystem-formats.md §3), adjusted as vLLM's ``arg_utils`` does
-      (:func:`~servesim.costmodels.step.batch_limits`).
+      (:func:`~servesim.costmodels.engine_defaults.batch_limits`).
     - ``scheduler.async_scheduling``: null → true (vLLM ``VllmConfig``: on for generation
       models on the default executors).
     - ``compilation``: the CUDA-graph capture sizes and their maximum as vLLM computes them.
     """
     from servesim.costmodels import load_hardware_spec, load_model_spec
-    from servesim.costmodels.step import batch_limits, capture_sizes
+    from servesim.costmodels.engine_defaults import batch_limits, capture_sizes
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)

@@ -140,14 +140,14 @@ def resolve_frontend(cfg, calibration=None) -> tuple[FrontendParams | None, int,
 
 class _Ingress:
     """Requests waiting for an API server's tokenizer, FIFO: (spec, send, arrival) tuples for
-    the first ``SHORT`` (≈ 0.3 KB each), compact columns (``engine.Parked`` plus arrival times)
+    the first ``SHORT`` (≈ 0.3 KB each), compact columns (``client.Parked`` plus arrival times)
     beyond, so a burst of millions sent at once holds no per-request objects (a spec is
     rebuilt when it leaves the columns: kept for bursts past the objects' memory budget)."""
 
     SHORT = 65_536
 
     def __init__(self):
-        from servesim.simulator.engine import Parked
+        from servesim.simulator.client import Parked
 
         self.d: deque = deque()
         self.q = Parked()
@@ -220,7 +220,7 @@ def _unknown() -> float:
 
 class Held:
     """Frontend timestamps of requests the client parked in compact columns
-    (``engine.Parked``), in the same FIFO order, so a request rebuilt from its spec gets them
+    (``client.Parked``), in the same FIFO order, so a request rebuilt from its spec gets them
     back."""
 
     def __init__(self):

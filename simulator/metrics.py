@@ -3,7 +3,7 @@
 Units: seconds and tokens. ``reports/`` turns a :class:`RunResult` into ``result.json``
 (vLLM bench schema, milliseconds there), ``requests.csv`` and ``timeseries.csv``.
 
-Bounded memory at any scale: the engine's :class:`~servesim.simulator.engine.Recorder` hands
+Bounded memory at any scale: the engine's :class:`~servesim.simulator.recorder.Recorder` hands
 per-request rows to a :class:`RequestLog` in chunks of :data:`CHUNK_ROWS` as requests end; up
 to :data:`EXACT_REQUESTS` rows stay in memory (``RunResult.requests`` is then a plain dict and
 every metric is exact), beyond that the chunks are spilled to ``.npy`` files and consumers

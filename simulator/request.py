@@ -170,7 +170,7 @@ class Request:
         self.prev_pos = 0
         self.prev_cached = 0
         self._n_shared = -1
-        # Decode-group bookkeeping of the scheduler's fast path (see scheduler.py).
+        # Decode-group bookkeeping of the scheduler's fast path (see decode_group.py).
         self.d_mark = -1
         self.d_computed = 0
         self.run_seq = 0  # position in the scheduler's running order (admission counter)

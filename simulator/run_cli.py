@@ -61,7 +61,7 @@ def run(
 
     fmts = [f.strip() for item in formats or [] for f in item.split(",") if f.strip()]
     if fmts:
-        from servesim.reports.clients import FORMATS
+        from servesim.reports.client_export import FORMATS
         from servesim.simulator.errors import ServesimError
 
         bad = [f for f in fmts if f not in FORMATS]

@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 import simpy
+from servesim.simulator.client import Client
 from servesim.simulator.config import ExperimentConfig, resolve_config
-from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.engine import Replica
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.frontend import Frontend, resolve_frontend
 from servesim.simulator.metrics import (
@@ -22,6 +23,7 @@ from servesim.simulator.metrics import (
     derive_request_columns,
 )
 from servesim.simulator.progress import phase
+from servesim.simulator.recorder import Recorder
 from servesim.simulator.registry import get_kv_allocator, get_scheduler
 from servesim.simulator.scheduler import SchedulerParams
 
@@ -274,7 +276,8 @@ def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:
 def _runs_vllm_loop(sched) -> bool:
     """Whether ``sched`` schedules with vLLM's loops (where the spec-decode and LoRA hooks
     are): a Scheduler that overrides none of them and keeps vLLM's waiting queue."""
-    from servesim.simulator.scheduler import Scheduler, _FCFSQueue, _PriorityQueue
+    from servesim.simulator.request_queue import _FCFSQueue, _PriorityQueue
+    from servesim.simulator.scheduler import Scheduler
 
     cls = type(sched)
     return (isinstance(sched, Scheduler) and type(sched.waiting) in (_FCFSQueue, _PriorityQueue)
@@ -336,7 +339,7 @@ def _quiet_gc():
 
 def _park_after(cfg: ExperimentConfig, num_requests: int | None) -> int | None:
     """How many waiting requests a single vLLM-FCFS engine holds before the client parks the
-    rest compactly (``engine.Parked``), for a workload of ``num_requests`` (None: unknown);
+    rest compactly (``client.Parked``), for a workload of ``num_requests`` (None: unknown);
     None where parking could change a decision (other policies reorder or scan the whole
     queue; several replicas route by queue length; LoRA's waiting loop skips past requests
     whose adapter cannot join)."""

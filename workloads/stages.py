@@ -23,7 +23,7 @@ plus ``gap_s``: inference-perf, GuideLLM and AIPerf all drain a stage before sta
 
 Every :class:`RequestSpec` gets ``extra["stage"] = k``; its ``arrival_s`` is the stage's
 *nominal* start (stages back to back, plus gaps) plus its offset. The engine's client
-(``simulator/engine.py``, ``Client``) re-bases each barrier stage to when it really starts and
+(``simulator/client.py``, ``Client``) re-bases each barrier stage to when it really starts and
 gates closed-loop stages; requests it marks as warm-up get ``extra["warmup"] = True`` (top-level
 ``warmup: {num_requests | duration_s}``: the leading requests of every stage, or of the run).
 """

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from servesim.simulator.kv_cache import NULL
+from servesim.simulator.block_pool import NULL
 from servesim.simulator.request import Request
 
 

@@ -91,7 +91,7 @@ class LeastLoadRouter(Router):
     the instance with the least ``waiting·4 + running`` in the counts the DP coordinator
     published last (every ``refresh_s``, vLLM's 100 ms), scanning from instance 0, first
     minimum wins; the chosen instance's waiting count is then incremented locally until the
-    next refresh. The same rule as ``engine.Client._route`` for ``data_parallel_size``."""
+    next refresh. The same rule as ``client.Client._route`` for ``data_parallel_size``."""
 
     name = "least_load"
     PARAMS: ClassVar[dict[str, Any]] = {"refresh_s": 0.1}

@@ -2,7 +2,7 @@
 gateway) and every vLLM instance, each a :class:`~servesim.simulator.engine.Replica` with its
 own scheduler, KV cache, cost model and connectors.
 
-The client is ``engine.Client`` (``vllm bench serve``: arrivals, max_concurrency, sessions,
+The client is ``client.Client`` (``vllm bench serve``: arrivals, max_concurrency, sessions,
 rejections) with ``_send`` replaced: it asks the router for an instance (after
 ``decision_latency_s``) or, disaggregated, drives the P/D proxy flow of :mod:`.disagg`.
 Results: the client's view (``result.json``, ``requests.csv``), one run folder per instance
@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 import simpy
+from servesim.simulator.client import Client
 from servesim.simulator.cluster.config import ClusterConfig, InstanceGroup, group_tree
 from servesim.simulator.cluster.disagg import (
     DecodeConnector,
@@ -28,7 +29,7 @@ from servesim.simulator.cluster.disagg import (
     PrefillConnector,
 )
 from servesim.simulator.cluster.offload import OffloadConnector
-from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.engine import Replica
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.metrics import (
     STEP_COLUMNS,
@@ -38,6 +39,7 @@ from servesim.simulator.metrics import (
     RunResult,
     derive_request_columns,
 )
+from servesim.simulator.recorder import Recorder
 from servesim.simulator.request import FINISHED_REASON, Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
 
@@ -158,7 +160,7 @@ class Instance:
 
 
 class ClusterClient(Client):
-    """``vllm bench serve`` in front of a router: ``engine.Client`` with routing and P/D."""
+    """``vllm bench serve`` in front of a router: ``client.Client`` with routing and P/D."""
 
     def __init__(self, env, specs, instances: list[Instance], recorder, *, router,
                  decode_router, link: KVLink | None, decision_latency_s: float,

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 from servesim.simulator.kv_cache import KVCacheManager
 from servesim.simulator.request import Request
-from servesim.simulator.scheduler import Scheduler, SchedulerOutput, SchedulerParams
+from servesim.simulator.scheduler import Scheduler, SchedulerParams
+from servesim.simulator.scheduler_output import SchedulerOutput
 
 
 class PolicyScheduler(Scheduler):

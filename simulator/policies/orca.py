@@ -20,7 +20,7 @@ preempts the request admitted last (recompute), and nothing joins in that iterat
 from __future__ import annotations
 
 from servesim.simulator.policies.base import PolicyScheduler
-from servesim.simulator.scheduler import SchedulerOutput
+from servesim.simulator.scheduler_output import SchedulerOutput
 
 
 class OrcaScheduler(PolicyScheduler):

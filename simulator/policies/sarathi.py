@@ -24,7 +24,7 @@ load and differ when KV is tight (V1 admits more prompts, then preempts more).
 from __future__ import annotations
 
 from servesim.simulator.policies.base import PolicyScheduler
-from servesim.simulator.scheduler import SchedulerOutput
+from servesim.simulator.scheduler_output import SchedulerOutput
 
 WATERMARK = 0.01  # vLLM v0 BlockSpaceManager watermark, as a fraction of the GPU blocks
 

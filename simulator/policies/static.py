@@ -20,7 +20,7 @@ waits at the front of the queue for the next batch. ``long_prefill_token_thresho
 from __future__ import annotations
 
 from servesim.simulator.policies.base import PolicyScheduler
-from servesim.simulator.scheduler import SchedulerOutput
+from servesim.simulator.scheduler_output import SchedulerOutput
 
 
 class StaticBatchScheduler(PolicyScheduler):

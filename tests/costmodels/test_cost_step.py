@@ -6,7 +6,7 @@ import pytest
 from cmutil import batch_shapes, decode, make_cfg, prefill
 from hypothesis import given, settings
 from servesim.costmodels import BatchShape, build_cost_model
-from servesim.costmodels.step import capture_sizes
+from servesim.costmodels.engine_defaults import capture_sizes
 from servesim.simulator.errors import ConfigError
 
 L8B = ("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb")

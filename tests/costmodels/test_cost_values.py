@@ -1,116 +1,43 @@
-"""Cost and memory model by value: every op's FLOPs, bytes and seconds, and num_gpu_blocks,
-recomputed here from the models' config.json numbers and the GPUs' spec sheets with the
-formulas documented in ``costmodels/step.py`` and ``costmodels/memory.py`` (never by calling
-the code under test for an expected value).
-
-Roofline with the documented default efficiencies (``hardware.calibration: none``):
-
-    op seconds = max(flops / (peak · eff_c), bytes / (bw · eff_m)) + kernels · 2 µs
-
-GEMM per layer: flops 2·T·n·k, bytes n·k·w + T·(n + k)·2 (bf16 activations; w = 2 bf16,
-1 fp8); elementwise ops are memory-bound at 70% of HBM; forward = max(Σ GPU ops, CPU launch
-time); host = 126 µs + 4 µs/request + 0.02 µs/token; step = max(forward, host) + 20 µs
-with async scheduling (vLLM's default: the host work of the next batch overlaps this one's
-GPU work), forward + host without.
+"""Step cost model by value: every op's FLOPs, bytes and seconds (dense GQA, MoE, TP
+all-reduce, PP, fp8 weights and KV, MLA, sliding windows), CUDA-graph modes and CPU launch
+bounds, the breakdown contract (op order, bound, efficiency, provenance, counts) and the
+roofline floor, recomputed from the models' config.json numbers and the GPUs' spec sheets with
+the formulas documented in ``costmodels/step.py`` (never by calling the code under test for an
+expected value). The shared numbers, formulas and helpers are in ``cmvalues.py``; the memory
+plan is pinned in ``test_cost_values_memory.py``, calibrated tables and engine defaults in
+``test_cost_values_calibrated.py``.
 """
 
 from __future__ import annotations
 
-import math
-
 import pytest
-from cmutil import decode, make_cfg, prefill
-from servesim.costmodels import BatchShape, build_cost_model, plan_memory
-
-GIB = 2**30
-KFIX = 2e-6  # kernel_fixed_s
-# default efficiencies (compute, memory)
-GEMM = (0.75, 0.80)
-GROUPED = (0.60, 0.75)
-ATT_PRE = (0.55, 0.70)
-ATT_DEC = (0.50, 0.70)
-EW = 0.70
-# host priors
-PER_STEP, PER_REQ, PER_TOK = 126e-6, 4e-6, 2e-8
-LAUNCH, GRAPH_LAUNCH = 5e-6, 10e-6
-ASYNC_RESIDUAL = 20e-6  # the part of an async step the overlap cannot hide
-
-
-def total(fwd, host, async_scheduling=True):
-    """A step's seconds from its forward (GPU or launch bound) and host seconds."""
-    return max(fwd, host) + ASYNC_RESIDUAL if async_scheduling else fwd + host
-
-A100 = {"peak": 312e12, "bw": 2039e9, "link_bw": 300e9, "lat": 3e-6, "mem": 79.15}
-H100 = {"peak": 989.4e12, "fp8": 1978.9e12, "bw": 3350e9, "link_bw": 450e9, "lat": 3e-6,
-        "mem": 79.11}
-L40S = {"peak": 362.05e12, "bw": 864e9, "link_bw": 32e9, "lat": 10e-6}
-
-# Llama-3.1-8B config.json
-L8 = {"h": 4096, "L": 32, "nh": 32, "nkv": 8, "hd": 128, "I": 14336, "V": 128256}
-# Llama-3.1-70B
-L70 = {"h": 8192, "L": 80, "nh": 64, "nkv": 8, "hd": 128, "I": 28672, "V": 128256}
-# Mixtral-8x7B: 8 experts, top-2, expert intermediate 14336, vocab 32000
-MIX = {"h": 4096, "L": 32, "nh": 32, "nkv": 8, "hd": 128, "I": 14336, "V": 32000, "E": 8,
-       "k": 2}
-
-
-def model(*overrides):
-    return build_cost_model(make_cfg("hardware.calibration=none", *overrides))
-
-
-def ops(m, batch):
-    return {o.name: o for o in m.step_time(batch).breakdown}
-
-
-def roof(flops, nbytes, peak, bw, eff):
-    return max(flops / (peak * eff[0]) if flops else 0.0, nbytes / (bw * eff[1]))
-
-
-def gemm(T, n, k, hw, layers, wbytes=2, peak=None, kernels=1):
-    """(flops, bytes, seconds) of a dense linear over its layers."""
-    f = 2.0 * T * n * k
-    b = n * k * wbytes + T * (n + k) * 2
-    s = roof(f, b, peak or hw["peak"], hw["bw"], GEMM) + kernels * KFIX
-    return f * layers, b * layers, s * layers
-
-
-def elementwise(nbytes, count, hw, kernels=1):
-    return nbytes * count, (nbytes / (hw["bw"] * EW) + kernels * KFIX) * count
-
-
-def check(op, flops, nbytes, seconds, count=None):
-    assert op.flops == pytest.approx(flops, rel=1e-12), op.name
-    assert op.bytes == pytest.approx(nbytes, rel=1e-12), op.name
-    assert op.seconds == pytest.approx(seconds, rel=1e-12), op.name
-    if count is not None:
-        assert op.count == count, op.name
-
-
-def dense_llama(m, T, hw, cfg, tp=1):
-    """Expected per-op (flops, bytes, seconds) of the token-count-dependent ops."""
-    h, L, hd = cfg["h"], cfg["L"], cfg["hd"]
-    nh, kvh = cfg["nh"] // tp, max(1, cfg["nkv"] // tp)
-    i_r = -(-cfg["I"] // tp)
-    want = {
-        "embed_tokens": (0.0, *elementwise(2 * T * h * 2, 1, hw)),
-        "input_layernorm": (0.0, *elementwise(4 * T * h * 2, 2 * L + 1, hw)),
-        "qkv_proj": gemm(T, (nh + 2 * kvh) * hd, h, hw, L),
-        "rotary_emb": (0.0, *elementwise(2 * T * (nh + kvh) * hd * 2, L, hw)),
-        "o_proj": gemm(T, h, nh * hd, hw, L),
-        "gate_up_proj": gemm(T, 2 * i_r, h, hw, L),
-        "act_fn": (0.0, *elementwise(3 * T * i_r * 2, L, hw)),
-        "down_proj": gemm(T, h, i_r, hw, L),
-    }
-    return want
-
-
-def head(s, hw, cfg, tp=1):
-    V, h = cfg["V"], cfg["h"]
-    v_r = -(-V // tp)
-    lm = gemm(s, v_r, h, hw, 1)
-    sampler = (0.0, *elementwise(4 * s * V * 4, 1, hw, kernels=8))
-    return lm, sampler
-
+from cmutil import decode, prefill
+from cmvalues import (
+    A100,
+    ATT_DEC,
+    ATT_PRE,
+    GEMM,
+    GRAPH_LAUNCH,
+    GROUPED,
+    H100,
+    KFIX,
+    L8,
+    L40S,
+    LAUNCH,
+    MIX,
+    PER_REQ,
+    PER_STEP,
+    PER_TOK,
+    check,
+    dense_llama,
+    gemm,
+    head,
+    model,
+    ops,
+    roof,
+    total,
+)
+from servesim.costmodels import BatchShape
 
 # ---------------------------------------------------------------------------------------------
 # dense GQA: Llama-3.1-8B on A100, TP = 1
@@ -356,93 +283,7 @@ def test_fp8_kv_cache_by_value():
 
 
 # ---------------------------------------------------------------------------------------------
-# memory: num_gpu_blocks
-
-
-def weights_llama(c, tp, pp=1, wbytes=2):
-    """Bytes of weights on the most loaded rank: sharded linears over ceil(L/pp) layers,
-    norms, vocab-parallel embedding + LM head (vocab padded to 64), final norm, rope cache."""
-    h, L, hd = c["h"], c["L"], c["hd"]
-    nh, kvh = c["nh"] // tp, max(1, c["nkv"] // tp)
-    i_r = -(-c["I"] // tp)
-    per_layer = ((nh + 2 * kvh) * hd * h + h * nh * hd + 2 * i_r * h + h * i_r) * wbytes
-    layers = -(-L // pp)
-    norms = 2 * h * layers * 2
-    v = -(-(-(-c["V"] // 64) * 64) // tp)
-    emb = v * h * 2
-    vocab = 2 * emb + h * 2 if pp == 1 else max(emb, emb + h * 2)
-    rope = 131072 * hd * 2
-    return per_layer * layers + norms + vocab + rope
-
-
-def test_llama70b_tp4_num_gpu_blocks_by_value():
-    p = plan_memory(make_cfg("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
-                             "parallel.tensor_parallel_size=4"))
-    c = L70
-    total = int(79.11 * GIB)
-    requested = int(total * 0.9)
-    weights = weights_llama(c, 4)
-    assert p.weights_bytes == weights
-    # H100 defaults: 1024 seqs, 8192 tokens. Activation peak = max(forward of 8192 tokens,
-    # dummy sampler 1024 × vocab × 14 B); forward per token: max(attention block
-    # 2h + qkv + out, MLP block 3h + 3·I/tp) bf16 elements
-    fwd = 8192 * max(2 * 8192 + (16 + 4) * 128 + 16 * 128, 3 * 8192 + 3 * 28672 // 4) * 2
-    sampler = 1024 * 128256 * 14
-    act = max(fwd, sampler)
-    assert p.activation_peak_bytes == act
-    non_torch, comm = int(0.15 * GIB), int(0.35 * GIB)  # + NCCL buffers at TP > 1
-    available = requested - weights - act - non_torch - comm
-    assert p.available_kv_bytes == available
-    per_token = 80 * 2 * 2 * 128 * 2  # layers · (K+V) · 8/4 KV heads · head_dim · bf16
-    assert p.kv_bytes_per_token == per_token
-    assert p.num_gpu_blocks == available // (16 * per_token)
-    assert p.blocks_per_request == 131072 // 16
-
-
-def test_pp2_weights_and_kv_per_rank():
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "parallel.pipeline_parallel_size=2"))
-    assert p.weights_bytes == weights_llama(L8, 1, pp=2)
-    assert p.kv_bytes_per_token == 16 * 2 * 8 * 128 * 2  # 32 / 2 layers on a stage
-    assert p.comm_bytes == int(0.35 * GIB)
-
-
-@pytest.mark.parametrize("mml,bs", [(1000, 16), (4097, 32), (8192, 16)])
-def test_blocks_per_request_rounds_up(mml, bs):
-    """max_model_len not a multiple of the block size: a full-length request needs
-    ceil(mml / bs) blocks; "Maximum concurrency" = num_gpu_blocks / that."""
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             f"model.max_model_len={mml}", f"cache.block_size={bs}"))
-    need = -(-mml // bs)
-    assert p.blocks_per_request == need
-    assert p.block_bytes == bs * 131072
-    assert p.num_gpu_blocks == p.available_kv_bytes // (bs * 131072)
-    assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / need, rel=1e-12)
-    assert p.kv_cache_tokens == p.num_gpu_blocks * bs
-
-
-def test_fp8_weights_and_kv_memory_by_value():
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
-                             "model.quantization=fp8", "cache.cache_dtype=fp8"))
-    # linears at 1 byte, embedding / LM head / norms / rope cache stay bf16
-    assert p.weights_bytes == weights_llama(L8, 1, wbytes=1)
-    assert p.kv_bytes_per_token == 32 * 2 * 8 * 128 * 1
-    assert p.num_gpu_blocks == p.available_kv_bytes // (16 * 65536)
-    assert p.weight_format == "fp8" and p.kv_cache_dtype == "fp8"
-
-
-def test_mixtral_tp2_weights_hold_every_expert():
-    p = plan_memory(make_cfg("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
-                             "parallel.tensor_parallel_size=2"))
-    h, L, E, I = 4096, 32, 8, 14336
-    attn = ((16 + 2 * 4) * 128 * h + h * 16 * 128) * 2
-    experts = E * (2 * (I // 2) * h + h * (I // 2)) * 2
-    router = E * h * 2  # replicated, bf16
-    v = 32000 // 2  # 32000 is a multiple of 64
-    want = L * (attn + experts + router) + 2 * h * L * 2 + 2 * v * h * 2 + h * 2 \
-        + 32768 * 128 * 2
-    assert p.weights_bytes == want
-    assert not math.isnan(p.max_concurrency)
+# a mixed batch: one step
 
 
 def test_mixed_batch_shares_one_step(m8):
@@ -455,107 +296,6 @@ def test_mixed_batch_shares_one_step(m8):
     o = {x.name: x for x in st.breakdown}
     check(o["qkv_proj"], *gemm(112, 6144, 4096, A100, 32))
     assert st.host_seconds == pytest.approx(PER_STEP + 7 * PER_REQ + 106 * PER_TOK, rel=1e-12)
-
-
-# ---------------------------------------------------------------------------------------------
-# memory: the remaining terms by value
-
-
-def test_llama8b_a100_plan_every_term():
-    """A100 defaults (256 seqs, 2048 tokens): weights, activation = max(forward of 2048
-    tokens, sampler 256 × vocab × 14 B), non-torch 0.15 GiB, no NCCL at TP 1; CUDA graphs
-    (51 capture sizes × 2 for FULL_AND_PIECEWISE × 4 MiB + activations of the largest, 512
-    tokens) live in the headroom."""
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb"))
-    total = int(79.15 * GIB)
-    assert (p.total_bytes, p.requested_bytes) == (total, int(total * 0.9))
-    assert p.weights_bytes == weights_llama(L8, 1)
-    per_tok = max(2 * 4096 + 6144 + 4096, 3 * 4096 + 3 * 14336)  # MLP block is larger
-    fwd = 2048 * per_tok * 2
-    assert p.activation_peak_bytes == max(fwd, 256 * 128256 * 14) == 256 * 128256 * 14
-    assert (p.non_torch_bytes, p.comm_bytes) == (int(0.15 * GIB), 0)
-    assert p.cudagraph_bytes == 51 * 2 * 4 * 2**20 + 512 * per_tok * 2
-    assert not p.cudagraph_in_kv_budget
-    avail = int(total * 0.9) - p.weights_bytes - p.activation_peak_bytes - int(0.15 * GIB)
-    assert p.available_kv_bytes == avail
-    assert p.num_gpu_blocks == p.num_gpu_blocks_computed == avail // (16 * 131072)
-    d = p.as_dict()
-    assert d["kv_cache_tokens"] == p.num_gpu_blocks * 16
-    assert d["weights_gib"] == p.weights_bytes / GIB and d["total_gib"] == total / GIB
-    assert d["available_kv_gib"] == avail / GIB
-    assert d["max_concurrency"] == p.num_gpu_blocks / (131072 // 16)
-
-
-def test_cudagraph_pool_in_the_kv_budget_by_value():
-    from servesim.costmodels.memory import MemoryCoefficients, plan_memory_for
-    from servesim.costmodels.specs import load_hardware_spec, load_model_spec
-
-    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                   "compilation.cudagraph_mode=PIECEWISE")
-    spec, hw = load_model_spec(cfg.model), load_hardware_spec(cfg.hardware)
-    a = plan_memory_for(cfg, spec, hw)
-    b = plan_memory_for(cfg, spec, hw, MemoryCoefficients(cudagraph_in_kv_budget=True))
-    per_tok = 3 * 4096 + 3 * 14336
-    graphs = 51 * 4 * 2**20 + 512 * per_tok * 2  # one graph per size in PIECEWISE mode
-    assert a.cudagraph_bytes == b.cudagraph_bytes == graphs
-    assert b.available_kv_bytes == a.available_kv_bytes - graphs
-    assert b.num_gpu_blocks == b.available_kv_bytes // (16 * 131072)
-    none = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                                "compilation.cudagraph_mode=NONE"))
-    assert none.cudagraph_bytes == 0
-
-
-def test_deepseek_mla_moe_memory_terms():
-    """MLA caches the kv_lora_rank + rope latent (512 + 64) per layer on every TP rank; the
-    MoE activation per token: 2h + top_k·(3·I_moe/tp + h) + 3·I_shared/tp."""
-    p = plan_memory(make_cfg("model.name=deepseek-v3", "hardware.name=h200-sxm",
-                             "parallel.tensor_parallel_size=8"))
-    assert p.kv_bytes_per_token == 61 * (512 + 64) * 2
-    h, tp = 7168, 8
-    attn = 2 * h + 16 * (128 + 64) + 512 + 64 + 16 * 128
-    dense = 3 * h + 3 * (18432 // tp)
-    moe = 2 * h + 8 * (3 * (2048 // tp) + h) + 3 * (2048 // tp)
-    fwd = 8192 * max(attn, dense, moe) * 2
-    assert p.activation_peak_bytes == max(fwd, 1024 * 129280 * 14)
-
-
-def test_sliding_window_limits_blocks_per_request():
-    """Mistral-7B (window 4096): a request holds at most window − 1 + a step's tokens, capped
-    by max_model_len, + 1 block because the window need not start at a block boundary
-    (vLLM's ``SlidingWindowSpec.max_memory_usage_bytes``)."""
-    p = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb"))
-    assert p.blocks_per_request == -(-(4096 - 1 + 2048) // 16) + 1 == 385
-    assert p.max_concurrency == p.num_gpu_blocks / p.blocks_per_request
-    short = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb",
-                                 "model.max_model_len=5000"))
-    assert short.blocks_per_request == -(-5000 // 16) + 1 == 314  # min(6143, 5000) tokens
-
-
-def test_int4_and_tied_weights_by_value():
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "model.quantization=int4-awq"))
-    assert p.weights_bytes == int(weights_llama(L8, 1, wbytes=0.5 + 2 / 128))
-
-
-@pytest.mark.parametrize("util,ok", [(0.9, True), (0.235, False)])
-def test_capacity_errors_at_their_boundaries(util, ok):
-    """Llama-8B weights ≈ 14.99 GiB; at 0.235 × 79.15 GiB = 18.6 GiB the KV budget left after
-    activations cannot hold one 131,072-token request (16 GiB)."""
-    from servesim.simulator.errors import CapacityError
-
-    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                   f"cache.gpu_memory_utilization={util}")
-    if ok:
-        assert plan_memory(cfg).num_gpu_blocks > 8192
-    else:
-        with pytest.raises(CapacityError, match="max seq len"):
-            plan_memory(cfg)
-    with pytest.raises(CapacityError, match="model weights take"):
-        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "cache.gpu_memory_utilization=0.18"))
-    with pytest.raises(CapacityError, match="No available memory"):
-        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "cache.gpu_memory_utilization=0.195"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -727,263 +467,8 @@ def test_qkv_bias_bytes_qwen():
     check(ops(m, decode(1, 10))["qkv_proj"], f1 * 28, b1 * 28, s1 * 28)
 
 
-def test_forward_activation_bytes_by_value():
-    """Peak live activations per token (bf16 elements): max(attention block 2h + qkv + out,
-    MLP block 3h + 3·I/tp; MoE 2h + top_k·(3·I_moe/tp + h) (+ 3·I_shared/tp))."""
-    from servesim.costmodels.memory import forward_activation_bytes
-    from servesim.costmodels.specs import load_model_spec
-
-    def spec(name):
-        return load_model_spec(make_cfg(f"model.name={name}").model)
-
-    l8 = spec("llama-3.1-8b")
-    assert forward_activation_bytes(l8, 100, 2) == 100 * max(
-        2 * 4096 + (16 + 2 * 4) * 128 + 16 * 128, 3 * 4096 + 3 * 7168) * 2
-    l70 = spec("llama-3.1-70b")
-    # TP 16: 4 query heads, 1 (replicated) KV head; MLP 3h + 3·1792
-    assert forward_activation_bytes(l70, 10, 16) == 10 * max(
-        2 * 8192 + (4 + 2) * 128 + 4 * 128, 3 * 8192 + 3 * 1792) * 2
-    mx = spec("mixtral-8x7b")
-    assert forward_activation_bytes(mx, 7, 2) == 7 * max(
-        2 * 4096 + (16 + 8) * 128 + 16 * 128, 2 * 4096 + 2 * (3 * 7168 + 4096)) * 2
-    ds = spec("deepseek-v3")
-    attn = 2 * 7168 + 16 * (128 + 64) + 512 + 64 + 16 * 128
-    moe = 2 * 7168 + 8 * (3 * 256 + 7168) + 3 * 256
-    assert forward_activation_bytes(ds, 3, 8) == 3 * max(attn, 3 * 7168 + 3 * 2304, moe) * 2
-    # with few sequences the forward pass, not the sampler, sets the activation peak
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "scheduler.max_num_seqs=16"))
-    assert p.activation_peak_bytes == forward_activation_bytes(l8, 2048, 1) == 2048 * (
-        3 * 4096 + 3 * 14336) * 2
-
-
-def test_tied_embeddings_partial_rotary_and_bias_weights(tmp_path):
-    """A config.json with tied embeddings (the LM head is the embedding on one stage, a copy
-    on the last stage with PP), q/k/v biases and a partial rotary dimension."""
-    import json
-
-    cfgjson = {"architectures": ["X"], "model_type": "llama", "hidden_size": 256,
-               "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-               "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
-               "tie_word_embeddings": True, "attention_bias": True,
-               "partial_rotary_factor": 0.5}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfgjson))
-    h, hd, L = 256, 32, 4
-    v = -(-1000 // 64) * 64  # vocab padded to 1024
-    qkv_n = (8 + 2 * 2) * hd
-    linears = (qkv_n * h + qkv_n) * 2 + h * h * 2 + 2 * 512 * h * 2 + h * 512 * 2
-    norms = 2 * h * L * 2
-    rope = 4096 * (hd // 2) * 2
-    p1 = plan_memory(make_cfg(f"model.name={path}", "hardware.name=a100-sxm4-80gb"))
-    assert p1.weights_bytes == L * linears + norms + v * h * 2 + h * 2 + rope
-    p2 = plan_memory(make_cfg(f"model.name={path}", "hardware.name=a100-sxm4-80gb",
-                              "parallel.pipeline_parallel_size=2"))
-    # 2 layers per stage; the busier end stage holds the embedding or head + final norm
-    assert p2.weights_bytes == 2 * linears + 2 * h * 2 * 2 + v * h * 2 + h * 2 + rope
-
-
-def test_memory_log_lines_and_dict_by_value():
-    p = plan_memory(make_cfg("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
-                             "parallel.tensor_parallel_size=4"))
-    g = GIB
-    lines = p.log_lines()
-    assert lines[0] == f"Model loading took {p.weights_bytes / g:.4f} GiB"
-    assert lines[1] == (
-        f"Memory profiling: total_gpu_memory ({p.total_bytes / g:.2f}GiB) x "
-        f"gpu_memory_utilization (0.90) = {p.requested_bytes / g:.2f}GiB; model weights take "
-        f"{p.weights_bytes / g:.2f}GiB; non_torch_memory takes "
-        f"{(p.non_torch_bytes + p.comm_bytes) / g:.2f}GiB; PyTorch activation peak memory "
-        f"takes {p.activation_peak_bytes / g:.2f}GiB; the rest of the memory reserved for KV "
-        f"Cache is {p.available_kv_bytes / g:.2f}GiB.")
-    assert lines[-1] == (f"CUDA graph pool ~{p.cudagraph_bytes / g:.2f} GiB (from the "
-                         "(1 - gpu_memory_utilization) headroom)")
-    assert lines[-2] == f"# GPU blocks: {p.num_gpu_blocks}, # CPU blocks: 0"
-    d = p.as_dict()
-    assert d["notes"] == [] and d["model"] == "llama-3.1-70b" and d["hardware"] == "h100-sxm"
-    assert (d["tensor_parallel_size"], d["pipeline_parallel_size"]) == (4, 1)
-    assert d["cudagraph_in_kv_budget"] is False
-
-
-def test_sliding_window_request_tokens_exactly():
-    p = plan_memory(make_cfg("model.name=mistral-7b-v0.1", "hardware.name=a100-sxm4-80gb",
-                             "scheduler.max_num_batched_tokens=2050"))
-    assert p.blocks_per_request == -(-(4096 - 1 + 2050) // 16) + 1 == 386
-
-
-def test_graph_pool_follows_the_capture_sizes():
-    p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "compilation.max_cudagraph_capture_size=64"))
-    sizes = [1, 2, 4] + list(range(8, 65, 8))
-    per_tok = 3 * 4096 + 3 * 14336
-    assert p.cudagraph_bytes == len(sizes) * 2 * 4 * 2**20 + 64 * per_tok * 2
-    q = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                             "compilation.cudagraph_capture_sizes=[1,3,100]"))
-    assert q.cudagraph_bytes == 3 * 2 * 4 * 2**20 + 100 * per_tok * 2
-
-
-def test_max_model_len_error_names_the_estimate():
-    """The estimate in vLLM's message: available // block bytes · block size tokens."""
-    from servesim.simulator.errors import CapacityError
-
-    ok = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4",
-                              "model.max_model_len=16384"))
-    est = (ok.available_kv_bytes // ok.block_bytes) * 16
-    with pytest.raises(CapacityError, match=f"estimated maximum model length is {est}\\."):
-        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4"))
-    assert ok.model == "llama-3.1-8b" and ok.hardware == "l4"
-
-
 # ---------------------------------------------------------------------------------------------
-# calibrated GEMMs: measured seconds at measured points, the grouped-GEMM efficiency for MoE
-
-
-def _calibrated(model_name, hw_name, rows, *overrides, tp=1, **families):
-    """A cost model whose calibration holds only the given GEMM rows (peaks 100 TFLOP/s bf16,
-    200 fp8, 1000 GB/s)."""
-    from pathlib import Path
-
-    from servesim.costmodels.calibration import Calibration
-    from servesim.costmodels.quant import resolve_weight_format
-    from servesim.costmodels.specs import load_hardware_spec, load_model_spec
-    from servesim.costmodels.step import StepCostModel
-
-    cfg = make_cfg(f"model.name={model_name}", f"hardware.name={hw_name}",
-                   f"parallel.tensor_parallel_size={tp}", *overrides)
-    spec, hw = load_model_spec(cfg.model), load_hardware_spec(cfg.hardware)
-    doc = {"version": 2, "gpu": hw_name, "gemm": rows, **families,
-           "peaks": {"bf16_tflops": 100.0, "fp8_tflops": 200.0, "mem_bw_gbps": 1000.0,
-                     "link_bw_gbps": 100.0}}
-    return StepCostModel(spec, hw, tp=tp, calibration=Calibration(Path("t.yaml"), doc, None),
-                         weight_format=resolve_weight_format(cfg.model, spec, hw),
-                         cudagraph_sizes=[1, 2, 4, 8])
-
-
-def test_calibrated_dense_gemms_take_the_measured_time():
-    """Dense linears at a measured (m, n, k): seconds = layers × the measured time (fixed
-    costs included), efficiency = the roofline at 100% / that time."""
-    rows = [{"dtype": "bfloat16", "n": n, "k": k, "m": [1, 8, 64], "seconds": [a, b, c]}
-            for (n, k), (a, b, c) in {(6144, 4096): (1e-5, 2e-5, 9e-5),
-                                      (4096, 4096): (7e-6, 1.1e-5, 6e-5),
-                                      (28672, 4096): (4e-5, 5e-5, 3e-4),
-                                      (4096, 14336): (2e-5, 3e-5, 1.5e-4)}.items()]
-    m = _calibrated("llama-3.1-8b", "a100-sxm4-80gb", rows)
-    o = ops(m, decode(8, 100))
-    for name, t in (("qkv_proj", 2e-5), ("o_proj", 1.1e-5), ("gate_up_proj", 5e-5),
-                    ("down_proj", 3e-5)):
-        assert o[name].seconds == pytest.approx(32 * t, rel=1e-12), name
-        assert o[name].provenance == "calibration:t.yaml"
-        roof = max(o[name].flops / 32 / A100["peak"], o[name].bytes / 32 / A100["bw"])
-        assert o[name].efficiency == pytest.approx(roof / t, rel=1e-12)
-        assert o[name].bound == ("compute" if o[name].flops / A100["peak"] >
-                                 o[name].bytes / A100["bw"] else "memory")
-    # the LM head (128256 × 4096, not in the table) falls back to the roofline
-    assert o["lm_head"].provenance.startswith("roofline:nearest")
-
-
-def test_calibrated_fp8_gemms_use_the_fp8_table():
-    rows = [{"dtype": dt, "n": 28672, "k": 4096, "m": [1, 8], "seconds": [t, 2 * t]}
-            for dt, t in (("bfloat16", 4e-5), ("fp8", 1e-5))]
-    m = _calibrated("llama-3.1-8b", "h100-sxm", rows, "model.quantization=fp8")
-    assert ops(m, decode(8, 100))["gate_up_proj"].seconds == pytest.approx(32 * 2e-5,
-                                                                          rel=1e-12)
-    b = _calibrated("llama-3.1-8b", "h100-sxm", rows)
-    assert ops(b, decode(8, 100))["gate_up_proj"].seconds == pytest.approx(32 * 8e-5,
-                                                                          rel=1e-12)
-
-
-def test_calibrated_moe_experts_use_the_efficiency_at_rows_per_expert():
-    """Mixtral TP 2, 8 tokens decode: rows = 8·top_k = 16 (token, expert) pairs over
-    E·(1 − (1 − k/E)^8) active experts, m = rows / active per expert; the table's measured
-    efficiency there, eff = min(1, roofline_table(m) / t), scales the op's own roofline."""
-    E, k = 8, 2
-    act = E * (1 - (1 - k / E) ** 8)
-    m_eff = 16 / act
-    shapes = {(14336, 4096): 3e-5, (4096, 7168): 2e-5}
-    rows = [{"dtype": "bfloat16", "n": n, "k": kk, "m": [m_eff], "seconds": [t]}
-            for (n, kk), t in shapes.items()]
-    m = _calibrated("mixtral-8x7b", "h100-sxm", rows, tp=2)
-    want = 0.0
-    for (n, kk), t in shapes.items():
-        flops = 2.0 * 16 * n * kk
-        nbytes = act * n * kk * 2 + 16 * (n + kk) * 2
-        roof = max(flops / H100["peak"], nbytes / H100["bw"])
-        table_roof = max(2 * m_eff * n * kk / 100e12,
-                         (n * kk * 2 + m_eff * kk * 2 + m_eff * n * 2) / 1000e9)
-        want += roof / min(1.0, table_roof / t)
-    o = ops(m, decode(8, 100))["experts"]
-    assert o.seconds == pytest.approx(32 * want, rel=1e-9)
-    assert o.provenance == "calibration:t.yaml"
-
-
-def test_forward_activation_attention_block_dominates(tmp_path):
-    """A narrow MLP (intermediate 64): the attention block 2h + qkv + out sets the peak."""
-    import json
-
-    from servesim.costmodels.memory import forward_activation_bytes
-    from servesim.costmodels.specs import load_model_spec
-
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 256, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "vocab_size": 1000, "max_position_embeddings": 2048}))
-    spec = load_model_spec(make_cfg(f"model.name={path}").model)
-    h, hd = 256, 32
-    for tp, nh, kv in ((1, 8, 4), (2, 4, 2)):
-        attn = 2 * h + (nh + 2 * kv) * hd + nh * hd
-        mlp = 3 * h + 3 * -(-64 // tp)
-        assert attn > mlp
-        assert forward_activation_bytes(spec, 5, tp) == 5 * attn * 2
-
-
-def test_calibrated_all_reduce_fields():
-    """A measured all-reduce: seconds and bytes per call × calls, bound "link", efficiency =
-    the ring roofline 2(p − 1)/p · B / link bw (spec sheet) over the measured time."""
-    B = 8 * 4096 * 2
-    ar = [{"mode": "graph", "dtype": "bfloat16", "tp": 2, "bytes": [B, 10 * B],
-           "seconds": [7e-6, 2e-5]}]
-    m = _calibrated("llama-3.1-8b", "h100-sxm", [], tp=2, allreduce=ar)
-    o = ops(m, decode(8, 100))["all_reduce"]
-    assert (o.count, o.seconds, o.bytes, o.flops, o.bound) == (65, pytest.approx(65 * 7e-6),
-                                                                65 * B, 0.0, "link")
-    assert o.efficiency == pytest.approx((2 * 1 / 2 * B / 450e9) / 7e-6, rel=1e-12)
-    assert o.provenance == "calibration:t.yaml"
-
-
-def test_scheduler_defaults_by_memory_and_kind():
-    from servesim.costmodels.specs import HardwareSpec
-    from servesim.costmodels.step import scheduler_defaults
-
-    def hw(name, gib):
-        return HardwareSpec(name=name, bf16_tflops=1.0, memory_gib=gib, mem_bw_gbps=1.0)
-
-    assert scheduler_defaults(hw("h100-sxm", 79.11)) == (1024, 8192)
-    assert scheduler_defaults(hw("x", 70.0)) == (1024, 8192)
-    assert scheduler_defaults(hw("x", 69.9)) == (256, 2048)
-    assert scheduler_defaults(hw("a100-sxm4-80gb", 79.15)) == (256, 2048)
-    assert scheduler_defaults(hw("l40s", 44.39)) == (256, 2048)
-
-
-def test_build_cost_model_passes_the_resolved_config():
-    from servesim.costmodels.step import HostOverhead
-
-    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
-                   "hardware.calibration=none", "scheduler.max_num_seqs=48",
-                   "scheduler.max_num_batched_tokens=1000", "scheduler.async_scheduling=false")
-    m = build_cost_model(cfg)
-    assert (m.max_num_seqs, m.max_num_batched_tokens) == (48, 1000)
-    assert m.capture_sizes[-1] == 96  # min(2·48, 512) capped by 1000 tokens
-    host = HostOverhead(per_step_s=1e-3, per_request_s=0.0, per_token_s=0.0)
-    h = build_cost_model(cfg, host=host)
-    b = decode(8, 100)
-    assert h.step_time(b).host_seconds == 1e-3
-    assert h.step_seconds(b) - m.step_seconds(b) == pytest.approx(
-        1e-3 - (PER_STEP + 8 * PER_REQ + 8 * PER_TOK), rel=1e-9)
-    unresolved = make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
-                          "hardware.calibration=none", resolve=False)
-    u = build_cost_model(unresolved)
-    assert (u.max_num_seqs, u.max_num_batched_tokens) == (1024, 8192)
+# eager launch counts and the GEMM table formats
 
 
 def test_eager_launch_counts_for_moe_and_mla():
@@ -1023,79 +508,3 @@ def test_gemm_table_formats():
                   *(("parallel.tensor_parallel_size=8",) if name == "deepseek-v3" else ()))
         assert m._gemm_format(lin) == pytest.approx(want), (name, hw, q)
         assert m._gemm_format(head) == ("bfloat16", 2, 2, "bf16")
-
-
-def test_calibrated_moe_op_fields():
-    """The measured fused-MoE layer time replaces only the routed experts' seconds: counts,
-    FLOPs, bytes and bound stay the roofline op's; efficiency = roofline at 100% / seconds."""
-    moe = [{"dtype": "bfloat16", "distribution": "balanced", "hidden": 4096, "inter": 14336,
-            "topk": 2, "experts": 8, "tp": 2, "ep": 1, "tokens": [1, 8, 64],
-            "seconds": [1e-4, 1.5e-4, 2e-4]}]
-    plain = model("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
-                  "parallel.tensor_parallel_size=2")
-    m = _calibrated("mixtral-8x7b", "h100-sxm", [], tp=2, moe=moe)
-    a, b = ops(plain, decode(8, 100))["experts"], ops(m, decode(8, 100))["experts"]
-    assert (b.count, b.flops, b.bytes, b.bound) == (a.count, a.flops, a.bytes, a.bound)
-    assert b.seconds == pytest.approx(32 * 1.5e-4, rel=1e-12)
-    assert b.efficiency == pytest.approx(
-        max(a.flops / H100["peak"], a.bytes / H100["bw"]) / b.seconds, rel=1e-12)
-    assert b.provenance == "calibration:t.yaml"
-    c = ops(m, decode(1, 100))["experts"]  # the next token count is looked up anew
-    assert c.seconds == pytest.approx(32 * 1e-4, rel=1e-12)
-
-
-def test_calibrated_prefill_attention_with_a_sliding_window():
-    """Mistral-7B (window 4096), measured chunk times at cached contexts 0 and 2992: a chunk
-    of c tokens after p cached ones uses the table at min(p rounded down to 16, w) and, when
-    c > w, the measured time scaled by windowed pairs / full causal pairs; + 2 µs per layer
-    for reshape_and_cache (the measured kernel includes its own fixed cost)."""
-    w = 4096
-    rows = [{"kv_dtype": "bfloat16", "head_dim": 128, "num_kv_heads": 8, "num_heads": 32,
-             "batch": 1, "context": ctx, "chunk": [1000, 5000, 6000],
-             "seconds": [s * 1e-5, s * 4e-5, s * 5e-5]} for ctx, s in ((0, 1.0), (2992, 2.0))]
-    m = _calibrated("mistral-7b-v0.1", "a100-sxm4-80gb", [], prefill_attention=rows)
-
-    def wp(n):
-        return n * (n + 1) / 2 if n <= w else w * (w + 1) / 2 + (n - w) * w
-
-    p, c = 3000, 5000
-    p16 = (p >> 4) << 4
-    assert p16 == 2992
-    t = 2 * 4e-5 * (wp(p16 + c) - wp(p16)) / (c * p16 + c * (c + 1) / 2)
-    a = ops(m, prefill(c, p))["attn"]
-    assert a.seconds == pytest.approx(32 * (t + 2e-6), rel=1e-9)
-    assert a.provenance == "calibration:t.yaml"
-    # a chunk inside the window: the measured time as is
-    b = ops(m, prefill(1000, 3000))["attn"]
-    assert b.seconds == pytest.approx(32 * (2e-5 + 2e-6), rel=1e-9)
-
-
-def test_batch_limits_fill_unset_values_as_vllm():
-    """``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``: hardware defaults
-    (A100: 256 seqs, 2048 tokens); without chunked prefill an unset budget is at least
-    max_model_len; an unset budget is at most max_num_seqs · max_model_len; an unset
-    max_num_seqs is at most the budget. Values given are kept."""
-    from servesim.costmodels.specs import HardwareSpec
-    from servesim.costmodels.step import batch_limits
-
-    a100 = HardwareSpec(name="a100-sxm4-80gb", bf16_tflops=1.0, memory_gib=79.15,
-                        mem_bw_gbps=1.0)
-    assert batch_limits(a100, None, None, 4096) == (256, 2048)
-    assert batch_limits(a100, None, None, 8192, enable_chunked_prefill=False) == (256, 8192)
-    assert batch_limits(a100, 4, None, 100, enable_chunked_prefill=False) == (4, 400)
-    assert batch_limits(a100, None, None, 4) == (256, 1024)  # 256 · 4
-    assert batch_limits(a100, None, 100, 4096) == (100, 100)
-    assert batch_limits(a100, 300, 100, 4096) == (300, 100)  # given: kept
-
-
-def test_the_token_budget_is_a_capture_size():
-    """vLLM appends max_num_batched_tokens to the capture sizes when it is ≤ the largest
-    (``_set_cudagraph_sizes``): with a 300-token budget a 290-token mixed batch runs the
-    300-token PIECEWISE graph (not eager), 250 tokens the 256 one."""
-    m = model("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-              "scheduler.max_num_batched_tokens=300")
-    assert m.capture_sizes == [1, 2, 4] + list(range(8, 256, 8)) + [256, 272, 288, 300]
-    for T, padded in ((290, 300), (300, 300), (250, 256), (9, 16)):
-        st = m.step_time(prefill(T))
-        assert (st.cudagraph, st.padded_batch) == ("PIECEWISE", padded), T
-        check(ops(m, prefill(T))["qkv_proj"], *gemm(padded, 6144, 4096, A100, 32))

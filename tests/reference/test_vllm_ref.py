@@ -7,14 +7,17 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from . import vllm_ref as R
+from .ref_block_pool import BlockHashToBlockMap, FreeKVCacheBlockQueue, KVCacheBlock
+from .ref_request import RequestSpec
+from .ref_scheduler import Config
+from .vllm_ref import Engine
 
 
 def test_free_queue_is_lru_with_middle_removal():
     """``FreeKVCacheBlockQueue``: popleft from the front, append_n at the back, O(1) removal
     from the middle (a prefix hit reviving a free block)."""
-    blocks = [R.KVCacheBlock(i) for i in range(5)]
-    q = R.FreeKVCacheBlockQueue(blocks)
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeKVCacheBlockQueue(blocks)
     assert [b.block_id for b in q.popleft_n(2)] == [0, 1]
     q.remove(blocks[3])
     q.append_n([blocks[1], blocks[0]])
@@ -25,8 +28,8 @@ def test_free_queue_is_lru_with_middle_removal():
 def test_block_hash_map_returns_the_first_inserted_block():
     """``BlockHashToBlockMap``: no dedup; ``get_one_block`` returns the first block still
     holding the hash."""
-    m = R.BlockHashToBlockMap()
-    a, b = R.KVCacheBlock(1), R.KVCacheBlock(2)
+    m = BlockHashToBlockMap()
+    a, b = KVCacheBlock(1), KVCacheBlock(2)
     m.insert(7, a)
     m.insert(7, b)
     assert m.get_one_block(7) is a
@@ -52,18 +55,18 @@ def test_invariants(reqs, bs, extra, budget, policy, async_scheduling, pp, cachi
         toks = tuple(1000 * fam + j for j in range(p)) if fam else tuple(
             10**6 * (i + 1) + j for j in range(p))
         if eos:
-            specs.append(R.RequestSpec(f"r{i}", slot * 0.75, toks, mml - p, eos_after=out,
-                                       priority=prio))
+            specs.append(RequestSpec(f"r{i}", slot * 0.75, toks, mml - p, eos_after=out,
+                                     priority=prio))
         else:
-            specs.append(R.RequestSpec(f"r{i}", slot * 0.75, toks, min(out, mml - p),
-                                       priority=prio))
+            specs.append(RequestSpec(f"r{i}", slot * 0.75, toks, min(out, mml - p),
+                                     priority=prio))
     longest = max(min(len(s.prompt_token_ids) + (s.eos_after or s.max_tokens), mml)
                   for s in specs)
-    cfg = R.Config(num_gpu_blocks=-(-longest // bs) + 1 + extra, block_size=bs,
-                   max_num_seqs=4, max_num_batched_tokens=budget, max_model_len=mml,
-                   policy=policy, async_scheduling=async_scheduling,
-                   pipeline_parallel_size=pp, enable_prefix_caching=caching)
-    eng = R.Engine(cfg)
+    cfg = Config(num_gpu_blocks=-(-longest // bs) + 1 + extra, block_size=bs,
+                 max_num_seqs=4, max_num_batched_tokens=budget, max_model_len=mml,
+                 policy=policy, async_scheduling=async_scheduling,
+                 pipeline_parallel_size=pp, enable_prefix_caching=caching)
+    eng = Engine(cfg)
     kv = eng.scheduler.kv_cache_manager
     schedule = eng.scheduler.schedule
 

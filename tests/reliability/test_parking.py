@@ -1,4 +1,4 @@
-"""An overloaded replay keeps the arrived-but-waiting tail in compact columns (engine.Parked)
+"""An overloaded replay keeps the arrived-but-waiting tail in compact columns (client.Parked)
 instead of Request objects (defect 12: bounded memory). Parking must change no decision:
 the same run with and without it writes byte-identical requests.csv and timeseries.csv."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from servesim.reports import write_run
 from servesim.simulator import runner
+from servesim.simulator.client import Parked
 from servesim.simulator.config import load_config, resolve_config
-from servesim.simulator.engine import Parked
 from servesim.simulator.runner import run_experiment
 from servesim.workloads.schema import RequestSpec
 

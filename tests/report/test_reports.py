@@ -95,7 +95,8 @@ def test_reports_never_load_executors_or_the_simulator(plan_dir, sweep_dir):
         "from servesim.reports.render import build_report\n"
         f"build_report({str(plan_dir)!r}); build_report({str(sweep_dir)!r})\n"
         "print(sorted(m for m in sys.modules if m.startswith(('servesim.simulator.experiments',"
-        " 'servesim.simulator.runner', 'servesim.simulator.engine', 'servesim.simulator.sweep',"
+        " 'servesim.simulator.runner', 'servesim.simulator.engine', 'servesim.simulator.client',"
+        " 'servesim.simulator.recorder', 'servesim.simulator.sweep',"
         " 'servesim.simulator.plan.runner', 'servesim.simulator.plan.point'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

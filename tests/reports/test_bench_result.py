@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from servesim.reports import VLLM_BENCH_KEYS, compute_bench_result, print_summary
-from servesim.reports.bench_result import _itl_stats, _max_concurrent
+from servesim.reports.bench_stats import _itl_stats, _max_concurrent
 
 DATE = "20260102-030405"
 
@@ -289,7 +289,7 @@ def test_extras_fall_back_to_step_counters(make_result):
     st.lists(st.floats(0, 100), min_size=1, max_size=4),
 )
 def test_weighted_itl_stats_match_expansion(pairs, ps):
-    import servesim.reports.bench_result as br
+    import servesim.reports.bench_stats as br
 
     values = np.array([v for v, _ in pairs])
     counts = np.array([c for _, c in pairs])

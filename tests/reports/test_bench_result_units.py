@@ -8,18 +8,16 @@ import math
 
 import numpy as np
 import pytest
+from servesim.reports.bench_requests import PerRequest, _col, _floats
 from servesim.reports.bench_result import (
-    PerRequest,
-    _col,
-    _floats,
     _metric_keys,
     _num,
     _take,
     compute_bench_result,
     metrics_in,
     parse_list,
-    percentile_word,
 )
+from servesim.reports.bench_stats import percentile_word
 from servesim.simulator import metrics
 from servesim.simulator.config import load_config
 from servesim.simulator.metrics import (

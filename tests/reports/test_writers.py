@@ -156,7 +156,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
 ])
 def test_streamed_requests_csv_is_byte_identical(tmp_path, monkeypatch, overrides):
     from servesim.simulator.config import load_config, resolve_config
-    from servesim.simulator.engine import Recorder
+    from servesim.simulator.recorder import Recorder
     from servesim.simulator.runner import run_experiment
 
     monkeypatch.setattr(Recorder, "SINK_ROWS", 7)  # many small batches
@@ -199,7 +199,7 @@ def test_worker_step_rows_preformatted(tmp_path, monkeypatch, interval, max_rows
     ``max_rows``: raw rows give way to 1-s intervals past that many steps."""
     from servesim.reports import writers
     from servesim.simulator import runner
-    from servesim.simulator.engine import Recorder
+    from servesim.simulator.recorder import Recorder
     from servesim.simulator.runner import StepSampler
 
     if max_rows:

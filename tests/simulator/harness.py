@@ -5,7 +5,8 @@ SimPy, no cost model, synchronous scheduling); :func:`run_engine` runs the real 
 from __future__ import annotations
 
 import simpy
-from servesim.simulator.engine import Recorder, Replica
+from servesim.simulator.engine import Replica
+from servesim.simulator.recorder import Recorder
 from servesim.simulator.registry import get_kv_allocator, get_scheduler
 from servesim.simulator.request import Request
 from servesim.simulator.scheduler import SchedulerParams

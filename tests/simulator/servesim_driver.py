@@ -3,7 +3,7 @@ the same shape of result as ``reference.vllm_ref.simulate``: every non-empty bat
 (time scheduled, {request_id: tokens}, [preempted ids]), and per request its finish time,
 outputs, preemptions and finish reason.
 
-A workload is a list of :class:`reference.vllm_ref.RequestSpec`. Requests with ``eos_after``
+A workload is a list of :class:`reference.ref_request.RequestSpec`. Requests with ``eos_after``
 map to ``ignore_eos=False`` (servesim then takes vLLM's API default ``max_tokens =
 max_model_len - prompt_len``), the others to ``ignore_eos=True`` with ``output_len =
 max_tokens``.
@@ -15,14 +15,17 @@ import sys
 from pathlib import Path
 
 import simpy
-from servesim.simulator.engine import Recorder, Replica
+from servesim.simulator.engine import Replica
 from servesim.simulator.kv_cache import KVCacheManager
+from servesim.simulator.recorder import Recorder
 from servesim.simulator.request import FINISHED_REASON, Request
 from servesim.simulator.scheduler import Scheduler, SchedulerParams
 from servesim.workloads.schema import RequestSpec as ServesimSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference.vllm_ref import Batch, Config, RequestResult, RequestSpec, Result
+from reference.ref_request import RequestSpec
+from reference.ref_scheduler import Config
+from reference.vllm_ref import Batch, RequestResult, Result
 
 
 def servesim_spec(spec: RequestSpec, max_model_len: int) -> ServesimSpec:

@@ -1,9 +1,10 @@
-"""The production KV cache (``kv_cache.py``: ids, a positioned free queue, request-unique content
-cached implicitly) against a straightforward per-block reference of vLLM's (``ref_block_pool``):
-random admissions with prefix hits, prefill chunks, decodes, preemptions (own-block hits on
-resume) and finishes, with and without prefix caching and sliding windows. After every
-operation both must agree on every return value, every block table, the free queue's exact
-LRU order, every block's reference count, evictions and prefix-cache statistics."""
+"""The production KV cache (``kv_cache.py`` and ``block_pool.py``: ids, a positioned free queue,
+request-unique content cached implicitly) against a straightforward per-block reference of
+vLLM's (``ref_block_pool``): random admissions with prefix hits, prefill chunks, decodes,
+preemptions (own-block hits on resume) and finishes, with and without prefix caching and
+sliding windows. After every operation both must agree on every return value, every block
+table, the free queue's exact LRU order, every block's reference count, evictions and
+prefix-cache statistics."""
 
 import os
 

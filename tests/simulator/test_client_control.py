@@ -6,9 +6,11 @@ import math
 import numpy as np
 import pytest
 import simpy
+from servesim.simulator.client import Client
 from servesim.simulator.config import load_config, resolve_config
-from servesim.simulator.engine import Client, Recorder, Replica
+from servesim.simulator.engine import Replica
 from servesim.simulator.kv_cache import KVCacheManager
+from servesim.simulator.recorder import Recorder
 from servesim.simulator.request import Request, RequestStatus
 from servesim.simulator.runner import run_experiment
 from servesim.simulator.scheduler import Scheduler, SchedulerParams

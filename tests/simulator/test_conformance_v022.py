@@ -9,8 +9,8 @@ import types
 import pytest
 import simpy
 from harness import Harness, run_engine
+from servesim.simulator.client import Client
 from servesim.simulator.config import load_config, resolve_config
-from servesim.simulator.engine import Client
 from servesim.simulator.request import Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
 

@@ -29,12 +29,9 @@ from hypothesis import strategies as st
 from servesim_driver import run_servesim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference.vllm_ref import (
-    Config,
-    RequestSpec,
-    Stall,
-    simulate,
-)
+from reference.ref_request import RequestSpec
+from reference.ref_scheduler import Config
+from reference.vllm_ref import Stall, simulate
 
 # SERVESIM_FUZZ=long: 20x the examples (on demand); quick: a fifth (mutation testing)
 SCALE = {"long": 20, "quick": 0.2}.get(os.environ.get("SERVESIM_FUZZ", ""), 1)

@@ -181,7 +181,8 @@ def test_client_tells_the_frontend_its_next_send(mode):
     unknown (-inf) where sends follow finishes (max_concurrency) or session follow-ups, which
     are sent when their parent ends, from the first follow-up on."""
     import simpy
-    from servesim.simulator.engine import Client, Recorder
+    from servesim.simulator.client import Client
+    from servesim.simulator.recorder import Recorder
     from servesim.workloads.schema import RequestSpec
 
     env = simpy.Environment()

@@ -21,14 +21,9 @@ from harness import Harness
 from servesim_driver import run_servesim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reference.vllm_ref import (
-    BlockHasher,
-    Config,
-    Request,
-    RequestSpec,
-    Scheduler,
-    simulate,
-)
+from reference.ref_request import BlockHasher, Request, RequestSpec
+from reference.ref_scheduler import Config, Scheduler
+from reference.vllm_ref import simulate
 
 BOTH = pytest.mark.parametrize("fast_path", [True, False])
 

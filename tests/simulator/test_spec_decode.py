@@ -39,7 +39,8 @@ def spec_harness(k=3, method="eagle", seed=0, **kw):
 def engine_with_spec(arrivals, *, k=3, method="eagle", rate=1.0, seed=0, **kw):
     """run_engine with speculative decoding enabled on the harness scheduler."""
     import simpy
-    from servesim.simulator.engine import Recorder, Replica
+    from servesim.simulator.engine import Replica
+    from servesim.simulator.recorder import Recorder
 
     h = spec_harness(k=k, method=method, rate=rate, seed=seed,
                      async_scheduling=kw.pop("async_scheduling", False), **kw)
@@ -232,7 +233,8 @@ def test_no_block_leak_across_rejections(k, alpha, seed, async_scheduling, num_b
     batch in flight), free ⟺ ref 0 holds, and at the end every block is free and every
     request produced exactly max_tokens outputs."""
     import simpy
-    from servesim.simulator.engine import Recorder, Replica
+    from servesim.simulator.engine import Replica
+    from servesim.simulator.recorder import Recorder
 
     h = spec_harness(k=k, method=method, rate=alpha, seed=seed, num_blocks=num_blocks,
                      block_size=4, max_num_batched_tokens=64, max_model_len=256,

@@ -8,7 +8,8 @@ from conftest import SHARED_TRACES
 from servesim.simulator.errors import TraceError
 from servesim.workloads import build_workload
 from servesim.workloads.config import TraceWorkload
-from servesim.workloads.importers import detect_format, mooncake_block_ids, read_trace
+from servesim.workloads.importers import detect_format, read_trace
+from servesim.workloads.importers_json import mooncake_block_ids
 
 AZURE23 = (
     "TIMESTAMP,ContextTokens,GeneratedTokens\n"

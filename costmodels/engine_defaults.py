@@ -1,0 +1,97 @@
+"""vLLM engine start-up defaults and checks, as ``EngineArgs`` / ``VllmConfig`` resolve them:
+the scheduler limits (``max_num_seqs``, ``max_num_batched_tokens``), the CUDA-graph capture
+sizes and the tensor/pipeline-parallel layout checks."""
+
+from __future__ import annotations
+
+from servesim.costmodels.specs import HardwareSpec, ModelSpec
+from servesim.simulator.errors import ConfigError
+
+
+def scheduler_defaults(hw: HardwareSpec) -> tuple[int, int]:
+    """vLLM's API-server defaults (max_num_seqs, max_num_batched_tokens): 1024 / 8192 on GPUs
+    with ≥ 70 GiB that are not A100s, else 256 / 2048 (ecosystem-formats.md §3)."""
+    if hw.memory_gib >= 70 and not hw.is_a100:
+        return 1024, 8192
+    return 256, 2048
+
+
+def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+                 max_model_len: int, enable_chunked_prefill: bool = True) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as vLLM's
+    ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` fills unset ones: the
+    hardware defaults (:func:`scheduler_defaults`); an unset token budget is at least
+    max_model_len without chunked prefill and at most max_num_seqs · max_model_len; an unset
+    max_num_seqs is at most the token budget."""
+    seq_default, tok_default = scheduler_defaults(hw)
+    seqs = max_num_seqs if max_num_seqs is not None else seq_default
+    toks = max_num_batched_tokens
+    if toks is None:
+        toks = tok_default
+        if not enable_chunked_prefill:
+            toks = max(max_model_len, toks)
+        toks = min(seqs * max_model_len, toks)
+    if max_num_seqs is None:
+        seqs = min(seqs, toks)
+    return seqs, toks
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                  max_capture: int | None = None, sizes: list[int] | None = None,
+                  decode_query_len: int = 1) -> list[int]:
+    """vLLM's CUDA-graph capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``):
+    max = min(max_num_batched_tokens, max_cudagraph_capture_size or min(2 · max_num_seqs ·
+    decode_query_len, 512)); sizes ``[1, 2, 4] + range(8, min(max + 1, 256), 8) +
+    range(256, max + 1, 16)``, plus max_num_batched_tokens itself when it is ≤ max. A
+    configured list is only filtered by max_num_batched_tokens."""
+    if sizes:
+        return sorted({int(s) for s in sizes if s <= max_num_batched_tokens})
+    top = max_capture if max_capture is not None else min(
+        2 * max_num_seqs * decode_query_len, 512)
+    top = min(top, max_num_batched_tokens)
+    out = [i for i in (1, 2, 4) if i <= top]
+    if top >= 8:
+        out += range(8, min(top + 1, 256), 8)
+    if top >= 256:
+        out += range(256, top + 1, 16)
+    if max_num_batched_tokens <= top:
+        out.append(max_num_batched_tokens)
+    return sorted(set(out))
+
+
+def validate_parallel(spec: ModelSpec, tp: int, pp: int) -> None:
+    """vLLM's checks: TP divides the attention heads; KV heads divide or are divided by TP."""
+    if spec.num_attention_heads % tp:
+        raise ConfigError(
+            f"parallel.tensor_parallel_size={tp} does not divide num_attention_heads="
+            f"{spec.num_attention_heads} of {spec.name}"
+        )
+    nkv = spec.num_key_value_heads
+    if not spec.is_mla and (nkv % tp if tp <= nkv else tp % nkv):
+        raise ConfigError(
+            f"parallel.tensor_parallel_size={tp} is incompatible with num_key_value_heads="
+            f"{nkv} of {spec.name} (one must divide the other)"
+        )
+    if pp > spec.num_hidden_layers:
+        raise ConfigError(
+            f"parallel.pipeline_parallel_size={pp} exceeds num_hidden_layers="
+            f"{spec.num_hidden_layers} of {spec.name}"
+        )
+
+
+def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
+    """(max_num_seqs, max_num_batched_tokens, max_model_len), filling vLLM defaults when the
+    config has not been through ``resolve_config`` yet."""
+    sc = cfg.scheduler
+    mml = cfg.model.max_model_len or spec.max_position_embeddings
+    seqs, toks = batch_limits(hw, sc.max_num_seqs, sc.max_num_batched_tokens, mml,
+                              sc.enable_chunked_prefill)
+    return seqs, toks, mml
+
+
+__all__ = [
+    "batch_limits",
+    "capture_sizes",
+    "scheduler_defaults",
+    "validate_parallel",
+]

@@ -1,0 +1,187 @@
+"""The requests a ``vllm bench serve`` result is computed over: the per-request arrays of one
+window of ``RunResult.requests``, the per-request JSON lists (``latencies``, ``queue_times``, the
+``save_detailed`` arrays; :class:`PerRequest` for a streamed run), and views of a run restricted
+to its measured (non-warm-up) requests or to one load stage's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from servesim.simulator.metrics import Distribution, RunResult
+
+COMPLETED_REASONS = ("stop", "length")
+
+
+def _floats(a: np.ndarray, fill: float | None = 0.0) -> list:
+    """Array → list of Python floats, NaN/inf replaced by ``fill``."""
+    a = np.asarray(a, dtype=float)
+    return [v if math.isfinite(v) else fill for v in a.tolist()]
+
+
+def _col(requests: dict, name: str, n: int, default: float = np.nan) -> np.ndarray:
+    if name in requests:
+        return np.asarray(requests[name])
+    return np.full(n, default)
+
+
+def _errors(req: dict, reasons: np.ndarray, done: np.ndarray) -> list[str]:
+    """vLLM's ``errors``: "" for a success, else the request's error (or finished_reason)."""
+    err = np.asarray(req["error"]).astype(str) if "error" in req else reasons
+    return [
+        "" if ok else (e if e not in ("", "nan", "None") else r)
+        for ok, e, r in zip(done.tolist(), err.tolist(), reasons.tolist())
+    ]
+
+
+class PerRequest:
+    """A per-request JSON list of a streamed run (``latencies``, ``queue_times``, the
+    ``save_detailed`` arrays), produced window by window when ``result.json`` is written;
+    ``list(x)`` materialises it."""
+
+    def __init__(self, result: RunResult, fn):
+        self.result, self.fn = result, fn
+
+    def windows(self):
+        for req in self.result.iter_requests():
+            yield self.fn(_Window(req))
+
+    def __iter__(self):
+        for part in self.windows():
+            yield from part
+
+    def __len__(self) -> int:
+        return self.result.num_requests
+
+
+class _Window:
+    """Per-request arrays of one window of ``RunResult.requests`` (see compute_bench_result)."""
+
+    def __init__(self, req: dict):
+        self.req = req
+        self.reasons = np.asarray(req["finished_reason"]).astype(str)
+        n = self.n = len(self.reasons)
+        self.done = np.isin(self.reasons, COMPLETED_REASONS)
+        self.prompt_len = _col(req, "prompt_len", n, 0).astype(np.int64)
+        self.output_len = _col(req, "output_len", n, 0).astype(np.int64)
+        arrival = _col(req, "arrival_s", n).astype(float)
+        self.send = _col(req, "send_s", n).astype(float) if "send_s" in req else arrival.copy()
+        self.finish = _col(req, "finish_s", n).astype(float)
+        # ttft_s / e2el_s are measured from send_s (RunResult contract); fill gaps from
+        # timestamps
+        ttft_all = _col(req, "ttft_s", n).astype(float)
+        e2el_all = _col(req, "e2el_s", n).astype(float)
+        with np.errstate(invalid="ignore"):
+            self.ttft_all = np.where(np.isnan(ttft_all), _col(req, "first_token_s", n)
+                                     - self.send, ttft_all)
+            self.e2el_all = np.where(np.isnan(e2el_all), self.finish - self.send, e2el_all)
+        self.client_queue = np.where(np.isfinite(self.send - arrival), self.send - arrival, 0.0)
+
+
+# per-request JSON lists: key → window → list (vLLM's save_detailed arrays, then the two
+# arrays vLLM always writes)
+_DETAILED = {
+    "input_lens": lambda w: w.prompt_len.tolist(),
+    "output_lens": lambda w: np.where(w.done, w.output_len, 0).tolist(),
+    "ttfts": lambda w: _floats(np.where(w.done, w.ttft_all, 0.0)),
+    "start_times": lambda w: _floats(w.send, None),
+    "generated_texts": lambda w: [""] * w.n,
+    "errors": lambda w: _errors(w.req, w.reasons, w.done),
+}
+_ALWAYS = {
+    "latencies": lambda w: _floats(np.where(w.done, w.e2el_all, 0.0)),
+    "queue_times": lambda w: _floats(w.client_queue),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Views for stages and warm-up (runs with a client control, ``simulator/client_control.py``)
+
+
+class _View:
+    """A :class:`RunResult` restricted to some requests: the measured (non-warm-up) ones, or
+    one stage's. Metrics over it follow vLLM's definitions, except that ``duration`` runs from
+    the first send of its requests (not from the benchmark start) to the last completion."""
+
+    def __init__(self, parent: RunResult, keep, itl: Distribution | None, meta: dict):
+        self.parent = parent
+        self.keep = keep
+        self.config = parent.config
+        self.counters = parent.counters
+        self.capacity = parent.capacity
+        self.workload_meta = {**(parent.workload_meta or {}), **meta}
+        self.streamed = parent.streamed
+        self.request_log = None
+        if itl is None:
+            self.itl_values, self.itl_counts = parent.itl_values, parent.itl_counts
+            self.itl_stream = parent.itl_stream
+        elif itl.exact:
+            self.itl_values, self.itl_counts = itl.exact_sample()
+            self.itl_stream = None
+        else:
+            self.itl_values, self.itl_counts, self.itl_stream = np.zeros(0), np.zeros(0), itl
+        n = t0 = 0
+        t0, t1, warm = math.inf, -math.inf, 0
+        for w in parent.iter_requests():
+            m = keep(w)
+            if "warmup" in w:
+                warm += int(np.asarray(w["warmup"], dtype=bool).sum())
+            n += int(m.sum())
+            send = np.asarray(w["send_s"], dtype=float)[m]
+            send = send[np.isfinite(send)]
+            if len(send):
+                t0 = min(t0, float(send.min()))
+            fin = np.asarray(w["finish_s"], dtype=float)[m]
+            fin = fin[np.isfinite(fin)]
+            if len(fin):
+                t1 = max(t1, float(fin.max()))
+        self.num_requests, self.num_warmup = n, warm
+        self.t0 = t0 if math.isfinite(t0) else 0.0
+        self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
+        steps = parent.steps or {}
+        if "time_s" in steps and len(steps["time_s"]):
+            tt = np.asarray(steps["time_s"], dtype=float)
+            sel = (tt >= self.t0) & (tt <= (t1 if math.isfinite(t1) else self.t0))
+            self.steps = {k: np.asarray(v)[sel] for k, v in steps.items()}
+        else:
+            self.steps = steps
+
+    def iter_requests(self, rows: int | None = None):
+        for w in self.parent.iter_requests(rows):
+            m = self.keep(w)
+            yield {k: np.asarray(v)[m] for k, v in w.items()}
+
+
+def _not_warmup(w: dict) -> np.ndarray:
+    return ~np.asarray(w["warmup"], dtype=bool)
+
+
+def _merged_itl(dists: list) -> Distribution | None:
+    """One Distribution of several exact ones (None if any is sketched or none given)."""
+    if not dists or any(not d.exact for d in dists):
+        return None
+    out = Distribution()
+    for d in dists:
+        v, c = d.exact_sample()
+        if len(v):
+            out.add(v, c)
+    return out
+
+
+def measured_view(result: RunResult):
+    """``result`` itself for plain runs (and runs with timeouts only), else the view of its
+    non-warm-up requests; ITL from the samples of the non-warm-up stages."""
+    if not getattr(result, "client_columns", False):
+        return result
+    meta = result.workload_meta or {}
+    plan = meta.get("stages") or []
+    if not plan and not meta.get("warmup"):
+        return result
+    itl = None
+    stage_itl = getattr(result, "stage_itl", None) or {}
+    if plan and any(st["warmup"] for st in plan):
+        itl = _merged_itl([d for k, d in sorted(stage_itl.items())
+                           if k < len(plan) and not plan[k]["warmup"]])
+    view = _View(result, _not_warmup, itl, {})
+    view.workload_meta["num_prompts"] = view.num_requests
+    return view

@@ -1,0 +1,71 @@
+"""What every benchmark-client profile reader returns (:class:`ProfileSpec`) and the small
+helpers the readers share: numbers and duration strings, snake/camel/kebab-case keys, the
+request stream and the block ids of a profile's shared system prompts."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from servesim.workloads.schema import RequestSpec
+
+PROFILE_PREFIX_BASE = 6 << 56  # + (group << 24) + block: shared system prompts of profiles
+
+
+@dataclass
+class ProfileSpec:
+    """A profile as the simulator runs it."""
+
+    format: str
+    stages: list[dict]  # Stage fields (workloads/config.py), in order
+    source: Callable[[int, int], Iterator[RequestSpec]]  # (restart k, block_size) -> requests
+    restart_data: bool = False  # every stage starts the request source afresh
+    warmup: dict | None = None  # {num_requests | duration_s}, leading part of every stage
+    client: dict = field(default_factory=dict)  # request_timeout_s, max_retries
+    max_concurrency: int | None = None
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _num(v: Any, where: str) -> float:
+    """A number, also from AIPerf duration strings ("30s", "5m", "1h")."""
+    if isinstance(v, bool):
+        raise ValueError(f"{where}: expected a number, got {v!r}")  # noqa: TRY004 (a config error)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(ms|s|m|h)?\s*", v)
+        if m:
+            x = float(m.group(1))
+            return x * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
+        if v.strip().lower() in ("inf", "infinity"):
+            return math.inf
+    raise ValueError(f"{where}: expected a number, got {v!r}")
+
+
+def _get(d: dict, *names: str, default=None):
+    """The first of ``names`` (snake_case or camelCase) present in ``d``."""
+    for n in names:
+        for k in (n, _camel(n), n.replace("_", "-")):
+            if k in d:
+                return d[k]
+    return default
+
+
+def _camel(s: str) -> str:
+    head, *rest = s.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def _requests(lengths: Iterator[tuple[int, int, tuple | None]]) -> Iterator[RequestSpec]:
+    for i, (p, o, ids) in enumerate(lengths):
+        yield RequestSpec(arrival_s=0.0, prompt_len=max(int(p), 1), output_len=max(int(o), 1),
+                          request_id=str(i), prefix_block_ids=ids)
+
+
+def _group_ids(group: int, tokens: int, block_size: int) -> tuple[int, ...] | None:
+    n = tokens // block_size
+    return tuple(PROFILE_PREFIX_BASE + (group << 24) + j for j in range(n)) or None
