@@ -114,7 +114,7 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
 
     ``first``: first-token times of the completed requests; None for a streamed run (then
     read window by window, keeping only per-bucket counts)."""
-    steps = result.steps or {}
+    steps = getattr(result, "token_steps", None) or result.steps or {}  # (every step's)
     times = np.asarray(steps.get("time_s", []), dtype=float)
     if "num_generated_tokens" in steps:
         tokens = np.asarray(steps["num_generated_tokens"], dtype=float)

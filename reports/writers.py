@@ -383,7 +383,7 @@ class _StepRows:
         from servesim.simulator.recorder import Recorder
         from servesim.simulator.runner import StepSampler
 
-        self.sampler = StepSampler(interval)
+        self.sampler = StepSampler(interval, keep_tokens=False)
         self.names = dict(zip(Recorder.STEP, STEP_COLUMNS))
         self.pieces: list[str] = []
         self.done = 0  # sampled rows (sampler._rows entries) formatted

@@ -207,6 +207,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     else:
         itl_values, itl_counts, itl_stream = np.zeros(0), np.zeros(0, np.int64), rec.itl
     steps = rec.steps.columns()
+    token_steps = rec.steps.token_steps()
     sched0 = [r.scheduler for r in replicas]
     kvs = [r.kv for r in replicas]
     queries = sum(k.prefix_cache_stats.queries for k in kvs)
@@ -247,7 +248,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             meta["request_timeout_s"] = control["request_timeout_s"]
             meta["max_retries"] = control["max_retries"]
     return RunResult(config=cfg, requests=requests, itl_values=itl_values,
-                     itl_counts=itl_counts, steps=steps, counters=counters,
+                     itl_counts=itl_counts, steps=steps, token_steps=token_steps,
+                     counters=counters,
                      workload_meta=meta, capacity=mem.as_dict(),
                      request_log=log if log.spilled else None, itl_stream=itl_stream,
                      client_columns=client_cols,
@@ -356,16 +358,23 @@ class StepSampler:
     most :data:`MAX_STEP_ROWS` and ``interval`` is None; otherwise each interval keeps its
     last step (gauges: running, waiting, KV usage, counters) with the per-step columns
     (seconds, tokens, decodes, prefill tokens) summed over the interval, and ``time_s`` =
-    the interval's end. The open interval is carried across chunks as one pre-summed row."""
+    the interval's end. The open interval is carried across chunks as one pre-summed row.
+
+    Sampled rows cannot place a step's tokens in its own second (``max_output_tokens_per_s``
+    buckets them by ``floor(t − t0)``, t0 known only at the end), so while sampling it also
+    keeps the time and sampled tokens of every step that sampled one (12 bytes a step;
+    ``keep_tokens``): :meth:`token_steps`."""
 
     SUMS = ("step_seconds", "step_tokens", "num_decode", "prefill_tokens", "generated")
 
-    def __init__(self, interval: float | None):
+    def __init__(self, interval: float | None, keep_tokens: bool = True):
         self.interval = interval
+        self.keep_tokens = keep_tokens
         self._raw: list[dict[str, np.ndarray]] = []
         self._num_raw = 0
         self._rows: list[dict[str, np.ndarray]] = []
         self._carry: dict[str, np.ndarray] | None = None
+        self._tokens: list[tuple[np.ndarray, np.ndarray]] = []  # (time_s, generated) chunks
 
     def add(self, chunk: dict[str, np.ndarray]) -> None:
         if self.interval is None:
@@ -376,9 +385,27 @@ class StepSampler:
             self.interval = 1.0
             raw, self._raw = self._raw, []
             for c in raw:
+                self._keep_tokens(c)
                 self._sample(c)
             return
+        self._keep_tokens(chunk)
         self._sample(chunk)
+
+    def _keep_tokens(self, chunk: dict[str, np.ndarray]) -> None:
+        if self.keep_tokens and "generated" in chunk:  # (steps that sampled a token)
+            k = chunk["generated"]
+            some = k > 0
+            self._tokens.append((chunk["time_s"][some], k[some].astype(np.float32)))
+
+    def token_steps(self) -> dict[str, np.ndarray] | None:
+        """``time_s`` and ``num_generated_tokens`` of every step that sampled a token, by time,
+        when the step rows are sampled (None when :meth:`columns` holds every step)."""
+        if self.interval is None or not self._tokens:
+            return None
+        t = np.concatenate([c[0] for c in self._tokens])
+        k = np.concatenate([c[1] for c in self._tokens])
+        order = np.argsort(t, kind="stable")
+        return {"time_s": t[order], "num_generated_tokens": k[order]}
 
     def _sample(self, s: dict[str, np.ndarray]) -> None:
         if self._carry is not None:

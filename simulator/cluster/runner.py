@@ -431,7 +431,8 @@ def _instance_result(inst: Instance, env) -> RunResult:
     extras.update(_tier_extras([inst]))
     meta = {"num_prompts": inst.num_routed, "dataset_name": inst.name}
     return RunResult(config=inst.cfg, requests=requests, itl_values=iv, itl_counts=ic,
-                     steps=r.steps.columns(), counters=counters, workload_meta=meta,
+                     steps=r.steps.columns(), token_steps=r.steps.token_steps(),
+                     counters=counters, workload_meta=meta,
                      capacity=inst.mem.as_dict(), request_log=log if log.spilled else None,
                      itl_stream=stream, extras=extras)
 
@@ -473,6 +474,12 @@ def _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, 
     steps = {k: np.concatenate([c[k] for c in cols]) for k in (*STEP_COLUMNS, "instance")}
     order = np.argsort(steps["time_s"], kind="stable")
     steps = {k: v[order] for k, v in steps.items()}
+    token_steps = None  # every instance's steps, when its rows are sampled
+    if all(sub.token_steps is not None for _, sub in subs):
+        tok = [sub.token_steps for _, sub in subs]
+        token_steps = {k: np.concatenate([c[k] for c in tok]) for k in tok[0]}
+        order = np.argsort(token_steps["time_s"], kind="stable")
+        token_steps = {k: v[order] for k, v in token_steps.items()}
     kvs = [i.kv for i in instances]
     counters = {
         "num_steps": sum(i.replica.num_steps for i in instances),
@@ -523,7 +530,7 @@ def _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, 
         files["routing.csv"] = _routing_csv(client)
     meta = dict(workload.meta)
     return RunResult(config=cfg, requests=requests, itl_values=iv, itl_counts=ic, steps=steps,
-                     counters=counters, workload_meta=meta, capacity=plans[0][2].as_dict(),
+                     token_steps=token_steps, counters=counters, workload_meta=meta, capacity=plans[0][2].as_dict(),
                      request_log=log if log.spilled else None, itl_stream=stream,
                      instances=subs if cfg.cluster is not None else [], extras=extras,
                      files=files)

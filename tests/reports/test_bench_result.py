@@ -339,3 +339,41 @@ def test_print_summary_rich_console(make_result):
     print_summary(bench_of(make_result), console)
     out = console.file.getvalue()
     assert "Serving Benchmark Result" in out and "Mean TPOT (ms):" in out
+
+
+def test_peak_output_tokens_from_every_step_when_rows_are_sampled(make_result):
+    """A sampled timeseries (``timeseries_interval_s``, long runs) sums a 10-s interval's
+    tokens into one row at its end: the peak comes from ``token_steps`` (every step's) instead,
+    bucketed by floor(t − t0) as above."""
+    r = make_result()
+    raw = {"time_s": np.array(r.steps["time_s"]),
+           "num_generated_tokens": np.array(r.steps["num_generated_tokens"])}
+    r.steps = {k: (np.array([10.0]) if k == "time_s" else np.asarray(v)[-1:] * 0 + 10)
+               for k, v in r.steps.items()}  # one 10-s row holding all ten tokens
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 10.0
+    r.token_steps = raw
+    assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 5.0  # as above
+
+
+@pytest.mark.parametrize(("interval", "max_rows"), [(1.0, None), (10.0, None), (None, 50)])
+def test_peak_output_tokens_do_not_depend_on_the_timeseries_sampling(interval, max_rows,
+                                                                     monkeypatch):
+    """The same run with every step kept, with 1-s and 10-s timeseries rows, and with raw rows
+    giving way to 1-s rows past 50 steps: the same ``max_output_tokens_per_s`` (a 10-s row
+    gave 7.4x it before ``token_steps``)."""
+    from servesim.simulator import runner
+    from servesim.simulator.config import load_config
+
+    over = ["workload.num_prompts=120", "workload.request_rate=5"]
+    base = compute_bench_result(runner.run_experiment(load_config(None, over)), date=DATE)
+    if max_rows:
+        monkeypatch.setattr(runner, "MAX_STEP_ROWS", max_rows)
+    if interval:
+        over.append(f"output.timeseries_interval_s={interval}")
+    res = runner.run_experiment(load_config(None, over))
+    tok = res.token_steps
+    assert tok is not None and len(tok["time_s"]) > len(res.steps["time_s"])
+    assert tok["num_generated_tokens"].sum() == res.steps["num_generated_tokens"].sum() == \
+        base["total_output_tokens"]
+    b = compute_bench_result(res, date=DATE)
+    assert b["max_output_tokens_per_s"] == base["max_output_tokens_per_s"] > 0
