@@ -138,17 +138,21 @@ class _View:
         self.num_requests, self.num_warmup = n, warm
         self.t0 = t0 if math.isfinite(t0) else 0.0
         self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
-        self.steps = self._window(parent.steps or {}, t1)
-        tok = getattr(parent, "token_steps", None)
-        self.token_steps = self._window(tok, t1) if tok is not None else None
-
-    def _window(self, steps: dict, t1: float) -> dict:
-        """``steps`` rows from the view's first send to its last completion."""
+        end = t1 if math.isfinite(t1) else self.t0  # steps from its first send to its end
+        steps = parent.steps or {}
         if "time_s" in steps and len(steps["time_s"]):
             tt = np.asarray(steps["time_s"], dtype=float)
-            sel = (tt >= self.t0) & (tt <= (t1 if math.isfinite(t1) else self.t0))
-            return {k: np.asarray(v)[sel] for k, v in steps.items()}
-        return steps
+            sel = (tt >= self.t0) & (tt <= end)
+            self.steps = {k: np.asarray(v)[sel] for k, v in steps.items()}
+        else:
+            self.steps = steps
+        tok = getattr(parent, "token_steps", None)
+        self.token_steps = None
+        if tok is not None:
+            self.token_steps = []
+            for t, k in tok:
+                sel = (t >= self.t0) & (t <= end)
+                self.token_steps.append((t[sel], k[sel]))
 
     def iter_requests(self, rows: int | None = None):
         for w in self.parent.iter_requests(rows):

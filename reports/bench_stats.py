@@ -114,7 +114,8 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
 
     ``first``: first-token times of the completed requests; None for a streamed run (then
     read window by window, keeping only per-bucket counts)."""
-    steps = getattr(result, "token_steps", None) or result.steps or {}  # (every step's)
+    tok = getattr(result, "token_steps", None)  # every step's, when ``steps`` are sampled
+    steps = {} if tok is not None else result.steps or {}
     times = np.asarray(steps.get("time_s", []), dtype=float)
     if "num_generated_tokens" in steps:
         tokens = np.asarray(steps["num_generated_tokens"], dtype=float)
@@ -144,7 +145,10 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
             else:
                 counts[:len(b)] += b
 
-    if first is not None:  # in memory: one bincount over steps + first tokens, as always
+    if tok is not None:
+        for t, k in tok:
+            add(t, np.asarray(k, dtype=float))
+    elif first is not None:  # in memory: one bincount over steps + first tokens, as always
         first = first[np.isfinite(first)]
         add(np.concatenate([times, first]), np.concatenate([tokens, np.ones(len(first))]))
     else:

@@ -181,8 +181,8 @@ class Client:
                 t = max(spec.arrival_s, end + spec.think_time_s)
             else:
                 t = spec.arrival_s
-            if t > env.now:
-                yield env.timeout(t - env.now)
+            if t > env._now:
+                yield env.timeout(t - env._now)
             nxt = next(specs, None)
             if ahead:
                 if nxt is None:
@@ -207,7 +207,7 @@ class Client:
         if self.frontend is not None:  # through the API servers (simulator/frontend.py),
             self.num_sent += 1  # which call _arrive when it reaches the engine core
             self.in_flight += 1
-            self.frontend.submit(spec, env.now)
+            self.frontend.submit(spec, env._now)
             return
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1

@@ -143,8 +143,9 @@ class Replica:
         """Move the clock ``delay`` ahead here (where ``env.timeout(delay)`` would land) when no
         other event is due first; False: the caller yields that timeout instead."""
         env = self.env
-        t = env.now + delay
-        if t < env.peek():
+        t = env._now + delay
+        q = env._queue  # (env.peek(), inlined)
+        if not q or t < q[0][0]:
             env._now = t
             return True
         return False
@@ -219,7 +220,7 @@ class Replica:
                 ran = False
                 peek = env.peek()
                 while sched.quiet_blocks_ok():
-                    now = env.now
+                    now = env._now
                     dt = quiet_seconds()
                     end = now + dt  # (where env.timeout(dt) would land)
                     if end >= peek:
@@ -249,13 +250,13 @@ class Replica:
                 # admission check; wait for the next arrival rather than spin.
                 yield from self._idle()
                 continue
-            out.scheduled_at = env.now
+            out.scheduled_at = env._now
             if self.trace is not None:
                 self._trace(out)
             dt = step_seconds(out.shape)
             if not advance(dt):  # (another event first)
                 yield env.timeout(dt)
-            now = env.now
+            now = env._now
             self.busy_seconds += dt
             finished = sched.update_from_output(out, now, dt, itl_e, itl_w)
             record(out, now, dt)
@@ -328,7 +329,7 @@ class Replica:
                     sched.inflight_seq = sched.kv.inflight_seq = old[0].seq
                     if not quiet() or not sched.quiet_blocks_ok():
                         break
-                    now = env.now
+                    now = env._now
                     o_end = old[1]
                     t = now + (o_end - now) if o_end > now else now  # where it returns
                     dt = quiet_seconds()
@@ -341,7 +342,8 @@ class Replica:
                     last_end = end
                     self.busy_seconds += dt
                     inflight.append((out, end, dt, pending, (), b_w))
-                    if t >= env.peek():  # another event first: wait for the return below
+                    q = env._queue  # another event first (env.peek()): wait for the return
+                    if q and t >= q[0][0]:
                         break
                     inflight.popleft()
                     env._now = t
@@ -354,7 +356,7 @@ class Replica:
                 sched.inflight_seq = sched.kv.inflight_seq = seq
                 out = sched.schedule()
                 if out.total_num_scheduled_tokens:
-                    now = env.now
+                    now = env._now
                     out.scheduled_at = now
                     if self.trace is not None:
                         self._trace(out)
@@ -376,10 +378,10 @@ class Replica:
                 yield from self._idle()
                 continue
             item = inflight.popleft()
-            wait = item[1] - env.now
+            wait = item[1] - env._now
             if wait > 0 and not advance(wait):  # (another event first)
                 yield env.timeout(wait)
-            batch_returns(item, env.now)
+            batch_returns(item, env._now)
 
     def _run_batch_queue(self):
         """``EngineCore.step_with_batch_queue`` for pipeline parallelism: up to

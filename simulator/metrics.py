@@ -399,9 +399,9 @@ class RunResult:
       weighted sample (value, multiplicity); expand with ``np.repeat`` for exact percentiles.
       Empty when ``itl_stream`` holds them instead (more than :data:`EXACT_SAMPLES` entries).
     - ``steps``: column name (``STEP_COLUMNS``) → array, one entry per recorded sample.
-    - ``token_steps``: ``time_s`` and ``num_generated_tokens`` of every step that sampled a
-      token, when ``steps`` holds sampled rows (``output.timeseries_interval_s``, or long
-      runs); else None.
+    - ``token_steps``: (``time_s``, ``num_generated_tokens``) array chunks of every step that
+      sampled a token, when ``steps`` holds sampled rows (``output.timeseries_interval_s``,
+      or long runs); else None.
     - ``counters``: totals (``num_preemptions``, ``prefix_cache_queries``, ``prefix_cache_hits``,
       ``num_steps``, ``num_gpu_blocks``, ``wall_seconds``, ...).
     - ``workload_meta``: the workload's bench traffic fields (``num_prompts``,
@@ -416,7 +416,7 @@ class RunResult:
     itl_values: np.ndarray
     itl_counts: np.ndarray
     steps: dict[str, np.ndarray]
-    token_steps: dict[str, np.ndarray] | None = None
+    token_steps: list[tuple[np.ndarray, np.ndarray]] | None = None
     counters: dict[str, float] = field(default_factory=dict)
     workload_meta: dict[str, Any] = field(default_factory=dict)
     capacity: dict[str, Any] = field(default_factory=dict)

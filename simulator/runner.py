@@ -344,12 +344,13 @@ def _park_after(cfg: ExperimentConfig, num_requests: int | None) -> int | None:
     rest compactly (``client.Parked``), for a workload of ``num_requests`` (None: unknown);
     None where parking could change a decision (other policies reorder or scan the whole
     queue; several replicas route by queue length; LoRA's waiting loop skips past requests
-    whose adapter cannot join)."""
+    whose adapter cannot join) or cannot happen (a workload of at most :data:`PARK_AFTER`
+    requests never queues that many)."""
     s = cfg.scheduler
     if s.policy != "fcfs" or cfg.parallel.data_parallel_size != 1 or cfg.lora.enable_lora:
         return None
     if num_requests is not None and num_requests <= PARK_AFTER:
-        return max(PARK_AFTER, PARK_AFTER_SEQS * s.max_num_seqs + 64)
+        return None  # its queue never holds PARK_AFTER: no park (nor its checks every step)
     return PARK_AFTER_SEQS * s.max_num_seqs + 64
 
 
@@ -397,15 +398,13 @@ class StepSampler:
             some = k > 0
             self._tokens.append((chunk["time_s"][some], k[some].astype(np.float32)))
 
-    def token_steps(self) -> dict[str, np.ndarray] | None:
-        """``time_s`` and ``num_generated_tokens`` of every step that sampled a token, by time,
-        when the step rows are sampled (None when :meth:`columns` holds every step)."""
-        if self.interval is None or not self._tokens:
+    def token_steps(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """(``time_s``, tokens) chunks of every step that sampled a token, when the step rows
+        are sampled (None when :meth:`columns` holds every step); kept as chunks, since
+        per-second buckets need no order (a 10M-request run has ~5.6M steps)."""
+        if self.interval is None:
             return None
-        t = np.concatenate([c[0] for c in self._tokens])
-        k = np.concatenate([c[1] for c in self._tokens])
-        order = np.argsort(t, kind="stable")
-        return {"time_s": t[order], "num_generated_tokens": k[order]}
+        return self._tokens
 
     def _sample(self, s: dict[str, np.ndarray]) -> None:
         if self._carry is not None:

@@ -476,10 +476,7 @@ def _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, 
     steps = {k: v[order] for k, v in steps.items()}
     token_steps = None  # every instance's steps, when its rows are sampled
     if all(sub.token_steps is not None for _, sub in subs):
-        tok = [sub.token_steps for _, sub in subs]
-        token_steps = {k: np.concatenate([c[k] for c in tok]) for k in tok[0]}
-        order = np.argsort(token_steps["time_s"], kind="stable")
-        token_steps = {k: v[order] for k, v in token_steps.items()}
+        token_steps = [c for _, sub in subs for c in sub.token_steps]
     kvs = [i.kv for i in instances]
     counters = {
         "num_steps": sum(i.replica.num_steps for i in instances),

@@ -346,8 +346,8 @@ def test_peak_output_tokens_from_every_step_when_rows_are_sampled(make_result):
     tokens into one row at its end: the peak comes from ``token_steps`` (every step's) instead,
     bucketed by floor(t − t0) as above."""
     r = make_result()
-    raw = {"time_s": np.array(r.steps["time_s"]),
-           "num_generated_tokens": np.array(r.steps["num_generated_tokens"])}
+    t, k = np.array(r.steps["time_s"]), np.array(r.steps["num_generated_tokens"])
+    raw = [(t[5:], k[5:]), (t[:5], k[:5])]  # chunks, in any order
     r.steps = {k: (np.array([10.0]) if k == "time_s" else np.asarray(v)[-1:] * 0 + 10)
                for k, v in r.steps.items()}  # one 10-s row holding all ten tokens
     assert compute_bench_result(r, date=DATE)["max_output_tokens_per_s"] == 10.0
@@ -372,8 +372,25 @@ def test_peak_output_tokens_do_not_depend_on_the_timeseries_sampling(interval, m
         over.append(f"output.timeseries_interval_s={interval}")
     res = runner.run_experiment(load_config(None, over))
     tok = res.token_steps
-    assert tok is not None and len(tok["time_s"]) > len(res.steps["time_s"])
-    assert tok["num_generated_tokens"].sum() == res.steps["num_generated_tokens"].sum() == \
+    assert tok is not None and sum(len(t) for t, _ in tok) > len(res.steps["time_s"])
+    assert sum(k.sum() for _, k in tok) == res.steps["num_generated_tokens"].sum() == \
         base["total_output_tokens"]
     b = compute_bench_result(res, date=DATE)
     assert b["max_output_tokens_per_s"] == base["max_output_tokens_per_s"] > 0
+
+
+def test_stage_peaks_do_not_depend_on_the_timeseries_sampling():
+    """Per-stage results (views over a window of the run) take their peak from their window
+    of ``token_steps``: a 10-s timeseries gives every stage the peak of every-step rows."""
+    from servesim.simulator import runner
+    from servesim.simulator.config import load_config
+
+    over = ["workload.num_prompts=50", "workload.stages=[{rate: 8, duration_s: 5}, "
+            "{concurrency: 3, num_requests: 30, gap_s: 2}]", "workload.warmup={num_requests: 2}"]
+    peaks = []
+    for extra in ([], ["output.timeseries_interval_s=10"]):
+        b = compute_bench_result(runner.run_experiment(load_config(None, over + extra)),
+                                 date=DATE)
+        peaks.append([b["max_output_tokens_per_s"]]
+                     + [s["max_output_tokens_per_s"] for s in b["stages"]])
+    assert peaks[0] == peaks[1] and len(peaks[0]) == 3 and min(peaks[0]) > 0
