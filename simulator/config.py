@@ -85,8 +85,9 @@ class FrontendConfig(_Section):
 
     enable: bool = Field(True, description="Model the API server (false: the client talks "
                          "to the engine core directly, TTFT = engine-side TTFT)")
-    api_server_count: PositiveInt | None = Field(
-        None, description="vLLM --api-server-count; default data_parallel_size, as vLLM")
+    api_server_count: int | None = Field(
+        None, ge=1, le=MAX_ENGINES,
+        description="vLLM --api-server-count; default data_parallel_size, as vLLM")
     request_s: float | None = Field(None, ge=0, description="asyncio-thread CPU per request, s")
     tokenize_per_token_s: float | None = Field(None, ge=0, description="per prompt token, s")
     ipc_s: float | None = Field(None, ge=0, description="one-way API server <-> engine hop, s")
