@@ -26,7 +26,7 @@ _INF = float("inf")
 
 
 class Parked:
-    """A FIFO of request specs in compact columns (~40 bytes each instead of ~0.5 KB for a
+    """A FIFO of request specs in compact columns (29 bytes each instead of ~0.5 KB for a
     ``RequestSpec``, ~2 KB for a ``Request``): the client's queue under ``max_concurrency``,
     and requests sent to a single FCFS engine whose waiting queue is already long.
 
@@ -37,12 +37,14 @@ class Parked:
     capacity) thus needs bounded memory however long the queue grows. Specs with fields
     other than the common ones are kept as objects (sparse)."""
 
+    I32 = 2**31 - 1  # index and lengths as int32 (larger ones: kept as objects)
+
     def __init__(self):
         self.send = array("d")
         self.arrival = array("d")
-        self.index = array("q")
-        self.prompt_len = array("q")
-        self.output_len = array("q")
+        self.index = array("i")
+        self.prompt_len = array("i")
+        self.output_len = array("i")
         self.prefix = array("b")  # code into ``prefixes`` (-1: see ``special``)
         self.prefixes: list = [None]
         self.special: dict[int, RequestSpec] = {}  # absolute position -> spec
@@ -55,7 +57,9 @@ class Parked:
     def push(self, spec: RequestSpec, send_time: float) -> None:
         idx = spec.extra["_index"]
         code = -1
-        if (spec.request_id == str(idx) and spec.prompt_token_ids is None
+        i32 = self.I32
+        if (idx <= i32 and spec.prompt_len <= i32 and spec.output_len <= i32
+                and spec.request_id == str(idx) and spec.prompt_token_ids is None
                 and spec.priority == 0 and spec.session_id is None and spec.turn == 0
                 and spec.lora is None and spec.ignore_eos and spec.parent_id is None
                 and spec.think_time_s == 0 and spec.cache_salt is None and len(spec.extra) == 1):
@@ -67,14 +71,18 @@ class Parked:
             elif len(self.prefixes) < 100:
                 self.prefixes.append(ids)
                 code = len(self.prefixes) - 1
-        if code < 0:
-            self.special[self.base + len(self.send)] = spec
         self.send.append(send_time)
         self.arrival.append(spec.arrival_s)
+        self.prefix.append(code)
+        if code < 0:
+            self.special[self.base + len(self.send) - 1] = spec
+            self.index.append(0)
+            self.prompt_len.append(0)
+            self.output_len.append(0)
+            return
         self.index.append(idx)
         self.prompt_len.append(spec.prompt_len)
         self.output_len.append(spec.output_len)
-        self.prefix.append(code)
 
     def pop(self) -> tuple[RequestSpec, float]:
         i = self.head

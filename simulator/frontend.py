@@ -224,7 +224,8 @@ class Held:
     back."""
 
     def __init__(self):
-        self.cols = (array("d"), array("d"), array("d"), array("q"))
+        # arrival_time, tokenized, queued, API server (at most MAX_ENGINES: int16)
+        self.cols = (array("d"), array("d"), array("d"), array("h"))
         self.head = 0
 
     def push(self, arrival: float, tokenized: float, queued: float, server: int) -> None:

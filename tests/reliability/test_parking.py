@@ -64,6 +64,32 @@ def test_parked_round_trip_keeps_specs():
     assert b is odd and tb == 0.9 and len(p) == 0
 
 
+def test_parked_keeps_values_past_int32_as_objects():
+    """The columns hold index and lengths as int32 (29 bytes a request); a spec with a larger
+    one is kept whole, in its place in the FIFO."""
+    p = Parked()
+    big = 2**31  # one past int32
+    specs = [RequestSpec(arrival_s=1.0, prompt_len=5, output_len=2, request_id="7",
+                         extra={"_index": 7}),
+             RequestSpec(arrival_s=1.5, prompt_len=big, output_len=2, request_id="8",
+                         extra={"_index": 8}),
+             RequestSpec(arrival_s=2.0, prompt_len=6, output_len=3, request_id=str(big),
+                         extra={"_index": big}),
+             RequestSpec(arrival_s=2.5, prompt_len=2**31 - 1, output_len=2**31 - 1,
+                         request_id="9", extra={"_index": 9})]
+    for k, s in enumerate(specs):
+        p.push(s, 10.0 + k)
+    assert sorted(p.special) == [1, 2] and p.index.itemsize == 4
+    out = [p.pop() for _ in specs]
+    assert [t for _, t in out] == [10.0, 11.0, 12.0, 13.0]
+    assert out[1][0] is specs[1] and out[2][0] is specs[2]
+    for k in (0, 3):
+        s = out[k][0]
+        assert (s.arrival_s, s.prompt_len, s.output_len, s.request_id, s.extra) == (
+            specs[k].arrival_s, specs[k].prompt_len, specs[k].output_len,
+            specs[k].request_id, specs[k].extra)
+
+
 def test_compact_tokenizer_queue_changes_nothing(monkeypatch, tmp_path):
     """A burst sent at once waits for the API server's tokenizer in compact columns past
     ``_Ingress.SHORT`` (65,536 normally): the same run with the columns from the 5th request

@@ -385,8 +385,9 @@ def test_stage_peaks_do_not_depend_on_the_timeseries_sampling():
     from servesim.simulator import runner
     from servesim.simulator.config import load_config
 
-    over = ["workload.num_prompts=50", "workload.stages=[{rate: 8, duration_s: 5}, "
-            "{concurrency: 3, num_requests: 30, gap_s: 2}]", "workload.warmup={num_requests: 2}"]
+    stages = "[{rate: 8, duration_s: 5}, {concurrency: 3, num_requests: 30, gap_s: 2}]"
+    over = ["workload.num_prompts=50", f"workload.stages={stages}",
+            "workload.warmup={num_requests: 2}"]
     peaks = []
     for extra in ([], ["output.timeseries_interval_s=10"]):
         b = compute_bench_result(runner.run_experiment(load_config(None, over + extra)),
