@@ -32,9 +32,9 @@ servesim file sees what the default ``vllm bench serve`` writes):
   first token after a preemption included; timeseries of older runs: the differences of
   ``vllm:generation_tokens_total`` when present, else ``num_decode_reqs`` per step plus one
   first token per completed request at ``first_token_s``) and bucketed by ``floor(t − t0)``
-  with ``t0`` the first send of a completed request. Exact for runs without failed requests
-  when every step is recorded (``output.timeseries_interval_s`` unset) and without a
-  frontend; with one, the client sees a step's tokens ``ipc_s`` + the output work later, so a
+  with ``t0`` the first send of a completed request (from every step, also when the
+  timeseries rows are sampled: ``RunResult.token_steps``). Exact for runs without failed
+  requests and without a frontend; with one, the client sees a step's tokens ``ipc_s`` + the output work later, so a
   step ending that close before a second boundary is counted one bucket early.
 - ``max_concurrent_requests``: vLLM's per-second count: each completed request counts in every
   1-s bucket (since the first send) from its send to its finish, both included; the peak
