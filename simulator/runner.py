@@ -30,8 +30,9 @@ from servesim.simulator.scheduler import SchedulerParams
 # Beyond this many steps timeseries.csv is sampled every second instead of every step.
 MAX_STEP_ROWS = 200_000
 # A single FCFS engine keeps PARK_AFTER_SEQS × max_num_seqs (+64) requests in its waiting
-# queue; later arrivals wait in the client's compact Parked queue (≈ 50 bytes each instead of
-# ≈ 1 KB of objects: a burst of millions in bounded memory). Parking changes no decision (the
+# queue; later arrivals wait in the client's compact Parked queue (29 bytes each, + 26 of
+# API-server timestamps in ``frontend.Held``, instead of ≈ 1 KB of objects: a burst of millions
+# in bounded memory). Parking changes no decision (the
 # engine looks at the queue's head only) but rebuilds each request as it moves in (~8% of a
 # 20k-request burst), and a long queue of objects costs more than that in collector and cache
 # time in a long run (measured at 1M requests): a workload of at most PARK_AFTER requests
