@@ -146,7 +146,7 @@ class _View:
             self.steps = {k: np.asarray(v)[sel] for k, v in steps.items()}
         else:
             self.steps = steps
-        tok = getattr(parent, "token_steps", None)
+        tok = parent.token_steps
         self.token_steps = None
         if tok is not None:
             self.token_steps = []

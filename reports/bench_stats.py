@@ -114,7 +114,7 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
 
     ``first``: first-token times of the completed requests; None for a streamed run (then
     read window by window, keeping only per-bucket counts)."""
-    tok = getattr(result, "token_steps", None)  # every step's, when ``steps`` are sampled
+    tok = result.token_steps  # every step's, when ``steps`` are sampled
     steps = {} if tok is not None else result.steps or {}
     times = np.asarray(steps.get("time_s", []), dtype=float)
     if "num_generated_tokens" in steps:

@@ -202,6 +202,21 @@ def make_parent(path: Path) -> Path:
     return parent
 
 
+def holds_files(p: Path, overwrite: bool, what: str = "output",
+                replace: str = "pass --overwrite to replace it") -> bool:
+    """Whether ``p`` is a non-empty folder (to be replaced: allowed only with ``overwrite``);
+    a one-line error naming ``p`` when it is a file, or non-empty without ``overwrite``
+    (``replace``: what the user may pass instead)."""
+    if p.exists() and not p.is_dir():
+        raise ServesimError(f"{p}: exists and is not a folder; choose another {what} folder")
+    if not p.is_dir() or not any(p.iterdir()):
+        return False
+    if not overwrite:
+        raise ServesimError(f"{p}: {what} folder is not empty; {replace}, or choose another "
+                            "folder")
+    return True
+
+
 class OutputDir:
     """An output folder that appears complete or not at all.
 
@@ -215,11 +230,7 @@ class OutputDir:
         self.path = Path(path)
         self.staging: Path | None = None
         p = self.path
-        if p.exists() and not p.is_dir():
-            raise ServesimError(f"{p}: exists and is not a folder; choose another {what} folder")
-        if p.is_dir() and not overwrite and any(p.iterdir()):
-            raise ServesimError(f"{p}: {what} folder is not empty; pass --overwrite to "
-                                "replace it, or choose another folder")
+        holds_files(p, overwrite, what)
         parent = make_parent(p)
         try:
             self.staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.partial-"))

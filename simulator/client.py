@@ -219,17 +219,24 @@ class Client:
             return
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1
-        reason = self._reject_reason(req)
-        if reason:
-            req.error = reason
-            req.status = RequestStatus.FINISHED_IGNORED
-            req.finish_time = env.now
-            self._end(req)
+        if self._refused(req):
             return
         self.in_flight += 1
         if self.control is not None:
             self.control.sent(req)
         self._admit(req)
+
+    def _refused(self, req: Request) -> bool:
+        """Whether the API server refuses ``req`` at send time (:meth:`_reject_reason`); a
+        refused request ends at once, failed with the reason."""
+        reason = self._reject_reason(req)
+        if not reason:
+            return False
+        req.error = reason
+        req.status = RequestStatus.FINISHED_IGNORED
+        req.finish_time = self.env.now
+        self._end(req)
+        return True
 
     def arrive_tokenized(self, spec: RequestSpec, send: float, arrival: float, server: int,
                          tokenized: float, queued: float) -> None:

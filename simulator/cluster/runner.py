@@ -185,12 +185,7 @@ class ClusterClient(Client):
         env = self.env
         req = Request(spec, spec.extra["_index"], self.max_model_len, env.now)
         self.num_sent += 1
-        reason = self._reject_reason(req)
-        if reason:
-            req.error = reason
-            req.status = RequestStatus.FINISHED_IGNORED
-            req.finish_time = env.now
-            self._end(req)
+        if self._refused(req):
             return
         self.in_flight += 1
         self._live[req.index] = req
@@ -527,7 +522,8 @@ def _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, 
         files["routing.csv"] = _routing_csv(client)
     meta = dict(workload.meta)
     return RunResult(config=cfg, requests=requests, itl_values=iv, itl_counts=ic, steps=steps,
-                     token_steps=token_steps, counters=counters, workload_meta=meta, capacity=plans[0][2].as_dict(),
+                     token_steps=token_steps, counters=counters, workload_meta=meta,
+                     capacity=plans[0][2].as_dict(),
                      request_log=log if log.spilled else None, itl_stream=stream,
                      instances=subs if cfg.cluster is not None else [], extras=extras,
                      files=files)

@@ -57,16 +57,13 @@ def _fresh_output(output: Path, spec_file: Path, overwrite: bool) -> None:
     directory."""
     import shutil
 
+    from servesim.reports.writers import holds_files
     from servesim.simulator.errors import ConfigError
 
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"{output}: exists and is not a folder; choose another -o")
-    if not output.is_dir() or not any(output.iterdir()):
+    if not holds_files(output, overwrite, "plan output",
+                       "pass --resume to continue the plan written there, --overwrite to "
+                       "replace it"):
         return
-    if not overwrite:
-        raise ConfigError(f"{output}: output folder is not empty; pass --resume to continue "
-                          "the plan written there, --overwrite to replace it, or choose "
-                          "another -o")
     out = output.resolve()
     for inside, what in ((spec_file.resolve(), "the plan file"), (Path.cwd().resolve(),
                                                                  "the working directory")):
