@@ -1,6 +1,7 @@
 """vLLM engine start-up defaults and checks, as ``EngineArgs`` / ``VllmConfig`` resolve them:
-the scheduler limits (``max_num_seqs``, ``max_num_batched_tokens``), the CUDA-graph capture
-sizes and the tensor/pipeline-parallel layout checks."""
+the scheduler limits (``max_num_seqs``, ``max_num_batched_tokens``), the CUDA-graph mode and
+capture sizes (with ``-O``/``--optimization-level`` and ``--performance-mode``) and the
+tensor/pipeline-parallel layout checks."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ def scheduler_defaults(hw: HardwareSpec) -> tuple[int, int]:
 
 
 def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-                 max_model_len: int, enable_chunked_prefill: bool = True) -> tuple[int, int]:
+                 max_model_len: int, enable_chunked_prefill: bool = True,
+                 performance_mode: str = "balanced") -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) as vLLM's
     ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` fills unset ones: the
-    hardware defaults (:func:`scheduler_defaults`); an unset token budget is at least
-    max_model_len without chunked prefill and at most max_num_seqs · max_model_len; an unset
-    max_num_seqs is at most the token budget."""
+    hardware defaults (:func:`scheduler_defaults`), each doubled with ``--performance-mode
+    throughput``; an unset token budget is at least max_model_len without chunked prefill and
+    at most max_num_seqs · max_model_len; an unset max_num_seqs is at most the token budget."""
     seq_default, tok_default = scheduler_defaults(hw)
+    if performance_mode == "throughput":
+        seq_default, tok_default = 2 * seq_default, 2 * tok_default
     seqs = max_num_seqs if max_num_seqs is not None else seq_default
     toks = max_num_batched_tokens
     if toks is None:
@@ -36,20 +40,42 @@ def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tok
     return seqs, toks
 
 
+# -O / --optimization-level → the CUDA-graph mode it sets when none is given
+# (vLLM ``OPTIMIZATION_LEVEL_00`` .. ``_03``)
+LEVEL_CUDAGRAPH_MODE = {0: "NONE", 1: "PIECEWISE", 2: "FULL_AND_PIECEWISE", 3: "FULL_AND_PIECEWISE"}
+
+
+def cudagraph_mode(mode: str | None, optimization_level: int = 2) -> str:
+    """vLLM's CUDA-graph mode (``VllmConfig.__post_init__``): an unset mode is the optimization
+    level's (:data:`LEVEL_CUDAGRAPH_MODE`); at -O0 nothing is compiled
+    (``CompilationMode.NONE``), and a mode with piecewise graphs (PIECEWISE,
+    FULL_AND_PIECEWISE: they replay the compiled graph's pieces) becomes NONE. (``--enforce-eager``
+    turns graphs off as well; the cost and memory models read it on its own.)"""
+    if mode is None:
+        mode = LEVEL_CUDAGRAPH_MODE[optimization_level]
+    if optimization_level == 0 and mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+        return "NONE"
+    return mode
+
+
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
                   max_capture: int | None = None, sizes: list[int] | None = None,
-                  decode_query_len: int = 1) -> list[int]:
+                  decode_query_len: int = 1, interactivity: bool = False) -> list[int]:
     """vLLM's CUDA-graph capture sizes in tokens (``VllmConfig._set_cudagraph_sizes``):
     max = min(max_num_batched_tokens, max_cudagraph_capture_size or min(2 · max_num_seqs ·
     decode_query_len, 512)); sizes ``[1, 2, 4] + range(8, min(max + 1, 256), 8) +
-    range(256, max + 1, 16)``, plus max_num_batched_tokens itself when it is ≤ max. A
+    range(256, max + 1, 16)`` (``--performance-mode interactivity``: every size from 1 to
+    min(max, 32) instead of [1, 2, 4]), plus max_num_batched_tokens itself when it is ≤ max. A
     configured list is only filtered by max_num_batched_tokens."""
     if sizes:
         return sorted({int(s) for s in sizes if s <= max_num_batched_tokens})
     top = max_capture if max_capture is not None else min(
         2 * max_num_seqs * decode_query_len, 512)
     top = min(top, max_num_batched_tokens)
-    out = [i for i in (1, 2, 4) if i <= top]
+    if interactivity:
+        out = list(range(1, min(top, 32) + 1))
+    else:
+        out = [i for i in (1, 2, 4) if i <= top]
     if top >= 8:
         out += range(8, min(top + 1, 256), 8)
     if top >= 256:
@@ -85,13 +111,22 @@ def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
     sc = cfg.scheduler
     mml = cfg.model.max_model_len or spec.max_position_embeddings
     seqs, toks = batch_limits(hw, sc.max_num_seqs, sc.max_num_batched_tokens, mml,
-                              sc.enable_chunked_prefill)
+                              sc.enable_chunked_prefill, getattr(cfg, "performance_mode",
+                                                                 "balanced"))
     return seqs, toks, mml
 
 
+def resolved_cudagraph_mode(cfg) -> str:
+    """:func:`cudagraph_mode` of an experiment config (resolved or not)."""
+    return cudagraph_mode(cfg.compilation.cudagraph_mode, getattr(cfg, "optimization_level", 2))
+
+
 __all__ = [
+    "LEVEL_CUDAGRAPH_MODE",
     "batch_limits",
     "capture_sizes",
+    "cudagraph_mode",
+    "resolved_cudagraph_mode",
     "scheduler_defaults",
     "validate_parallel",
 ]

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from servesim.costmodels.engine_defaults import _resolved, capture_sizes, validate_parallel
+from servesim.costmodels.engine_defaults import (
+    _resolved,
+    capture_sizes,
+    resolved_cudagraph_mode,
+    validate_parallel,
+)
 from servesim.costmodels.quant import (
     ACT_BYTES,
     WeightFormat,
@@ -258,14 +263,17 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     comm = co.comm_bytes if tp * pp > 1 else 0
     non_torch = co.non_torch_bytes
     comp = cfg.compilation
-    if cfg.model.enforce_eager or comp.cudagraph_mode == "NONE":
+    mode = resolved_cudagraph_mode(cfg)
+    if cfg.model.enforce_eager or mode == "NONE":
         graphs = 0
     else:
         scfg = getattr(cfg, "speculative_config", None)
         sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
                               comp.cudagraph_capture_sizes,
-                              decode_query_len=1 + (scfg.num_speculative_tokens if scfg else 0))
-        n_graphs = len(sizes) * (2 if comp.cudagraph_mode == "FULL_AND_PIECEWISE" else 1)
+                              decode_query_len=1 + (scfg.num_speculative_tokens if scfg else 0),
+                              interactivity=getattr(cfg, "performance_mode", "") ==
+                              "interactivity")
+        n_graphs = len(sizes) * (2 if mode == "FULL_AND_PIECEWISE" else 1)
         graphs = n_graphs * co.cudagraph_bytes_per_graph + forward_activation_bytes(
             spec, sizes[-1], tp)
     available = requested - weights - act - non_torch - comm

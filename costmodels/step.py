@@ -58,7 +58,12 @@ from dataclasses import dataclass, fields
 from servesim.costmodels.attention import AttentionCosts, _window_pairs
 from servesim.costmodels.batch import BatchShape, OpCost, StepCost
 from servesim.costmodels.calibration import Calibration, load_calibration
-from servesim.costmodels.engine_defaults import _resolved, capture_sizes, validate_parallel
+from servesim.costmodels.engine_defaults import (
+    _resolved,
+    capture_sizes,
+    resolved_cudagraph_mode,
+    validate_parallel,
+)
 from servesim.costmodels.operators import (
     _K_ATTN,
     _K_LM_HEAD,
@@ -492,8 +497,10 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
     scfg = getattr(cfg, "speculative_config", None)
     k = scfg.num_speculative_tokens if scfg is not None else 0
     sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
-                          comp.cudagraph_capture_sizes, decode_query_len=1 + k)
-    if k and comp.cudagraph_mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+                          comp.cudagraph_capture_sizes, decode_query_len=1 + k,
+                          interactivity=getattr(cfg, "performance_mode", "") == "interactivity")
+    mode = resolved_cudagraph_mode(cfg)
+    if k and mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
         from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
 
         sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k, sizes[-1] if sizes else 0)
@@ -504,7 +511,7 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
         kv_dtype_bytes=kv_cache_dtype_bytes(cfg.cache.cache_dtype),
         max_num_seqs=seqs, max_num_batched_tokens=toks,
         async_scheduling=cfg.scheduler.async_scheduling,
-        cudagraph_mode=comp.cudagraph_mode, cudagraph_sizes=sizes,
+        cudagraph_mode=mode, cudagraph_sizes=sizes,
         enforce_eager=cfg.model.enforce_eager, calibration=cal,
         efficiencies=efficiencies or Efficiencies(), host=host, num_spec_tokens=k,
     )

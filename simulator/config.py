@@ -70,7 +70,9 @@ class SchedulerConfig(_Section):
 class CompilationConfig(_Section):
     cudagraph_mode: Literal[
         "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"
-    ] = "FULL_AND_PIECEWISE"
+    ] | None = Field(
+        None, description="null = as optimization_level sets it (FULL_AND_PIECEWISE at -O2, "
+        "vLLM's default; PIECEWISE at -O1; NONE at -O0)")
     max_cudagraph_capture_size: PositiveInt | None = Field(
         None, description="Default min(2*max_num_seqs, 512)"
     )
@@ -140,6 +142,14 @@ class ExperimentConfig(_Section):
     cache: CacheConfig = CacheConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     compilation: CompilationConfig = CompilationConfig()
+    # VllmConfig-level engine flags: -O / --optimization-level, --performance-mode
+    optimization_level: int = Field(
+        2, ge=0, le=3, description="vLLM -O: 0 no compilation and no CUDA graphs, 1 piecewise "
+        "graphs, 2 (default) and 3 full and piecewise graphs (when cudagraph_mode is unset)")
+    performance_mode: Literal["balanced", "interactivity", "throughput"] = Field(
+        "balanced", description="vLLM --performance-mode: throughput doubles the default "
+        "max_num_seqs and max_num_batched_tokens; interactivity captures every CUDA-graph "
+        "size from 1 to 32")
     # vLLM's speculative_config (None: off) and LoRAConfig: simulator/spec_decode.py, lora.py
     speculative_config: SpeculativeConfig | None = None
     lora: LoRAConfig = LoRAConfig()
@@ -155,9 +165,14 @@ class ExperimentConfig(_Section):
     def dump_tree(self, mode: str = "python") -> dict:
         """``model_dump`` without the optional extension keys while unused (``cluster``,
         ``cache.kv_offload``, a default ``client``, null ``workload.stages``/``warmup``,
-        ``speculative_config``, ``lora`` with ``enable_lora: false``): a config that does not
+        ``speculative_config``, ``lora`` with ``enable_lora: false``, ``optimization_level``
+        and ``performance_mode`` at vLLM's defaults): a config that does not
         use them dumps and hashes as before they existed."""
         d = self.model_dump(mode=mode)
+        if d.get("optimization_level") == 2:
+            d.pop("optimization_level")
+        if d.get("performance_mode") == "balanced":
+            d.pop("performance_mode")
         if d.get("cluster") is None:
             d.pop("cluster", None)
         if d["cache"].get("kv_offload") is None:
@@ -399,10 +414,12 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
       (:func:`~servesim.costmodels.engine_defaults.batch_limits`).
     - ``scheduler.async_scheduling``: null → true (vLLM ``VllmConfig``: on for generation
       models on the default executors).
-    - ``compilation``: the CUDA-graph capture sizes and their maximum as vLLM computes them.
+    - ``compilation``: the CUDA-graph mode (unset: as ``optimization_level`` sets it; none at
+      -O0) and the capture sizes and their maximum as vLLM computes them (with
+      ``performance_mode``).
     """
     from servesim.costmodels import load_hardware_spec, load_model_spec
-    from servesim.costmodels.engine_defaults import batch_limits, capture_sizes
+    from servesim.costmodels.engine_defaults import batch_limits, capture_sizes, cudagraph_mode
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
@@ -417,7 +434,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     s = c.scheduler
     s.max_num_seqs, s.max_num_batched_tokens = batch_limits(
         hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,
-        s.enable_chunked_prefill)
+        s.enable_chunked_prefill, c.performance_mode)
     _resolve_spec_decode_and_lora(c)
     if s.async_scheduling is None:
         s.async_scheduling = True
@@ -441,11 +458,13 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             f"parallel.pipeline_parallel_size: {c.parallel.pipeline_parallel_size} is larger "
             f"than the number of layers ({spec.num_hidden_layers})")
     comp = c.compilation
+    comp.cudagraph_mode = cudagraph_mode(comp.cudagraph_mode, c.optimization_level)
     k = c.speculative_config.num_speculative_tokens if c.speculative_config else 0
     if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
         sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens,
                               comp.max_cudagraph_capture_size, comp.cudagraph_capture_sizes,
-                              decode_query_len=1 + k)
+                              decode_query_len=1 + k,
+                              interactivity=c.performance_mode == "interactivity")
         if k and comp.cudagraph_mode != "PIECEWISE":  # FULL decode graphs: multiples of 1 + k
             from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
 

@@ -245,6 +245,100 @@ def test_cudagraph_capture_sizes():
     assert c.compilation.max_cudagraph_capture_size == 1024
 
 
+@pytest.mark.parametrize("level, asked, expected", [
+    (0, None, "NONE"), (1, None, "PIECEWISE"), (2, None, "FULL_AND_PIECEWISE"),
+    (3, None, "FULL_AND_PIECEWISE"),
+    # -O0 compiles nothing: modes with piecewise graphs need the compiled graph's pieces
+    (0, "PIECEWISE", "NONE"), (0, "FULL_AND_PIECEWISE", "NONE"), (0, "FULL", "FULL"),
+    (0, "FULL_DECODE_ONLY", "FULL_DECODE_ONLY"), (1, "FULL", "FULL"), (2, "NONE", "NONE"),
+])
+def test_optimization_level_sets_the_cudagraph_mode(level, asked, expected):
+    """``OPTIMIZATION_LEVEL_0x["compilation_config"]["cudagraph_mode"]`` fills an unset mode;
+    ``VllmConfig.__post_init__``: ``cudagraph_mode.requires_piecewise_compilation()`` with
+    ``CompilationMode.NONE`` (what -O0 sets) → NONE."""
+    sets = [f"optimization_level={level}"]
+    if asked is not None:
+        sets.append(f"compilation.cudagraph_mode={asked}")
+    assert _resolved(*sets).compilation.cudagraph_mode == expected
+
+
+def test_optimization_level_reaches_the_memory_plan_and_the_step_time():
+    """-O0 plans and steps exactly as cudagraph_mode NONE (every kernel launched from the CPU),
+    -O1 as PIECEWISE (graph pieces between eager attention kernels); both differ from the
+    default, whose one-row decode replays one full graph."""
+    from servesim.costmodels import build_cost_model, plan_memory
+    from servesim.costmodels.step import BatchShape
+
+    def plan_and_step(*sets):
+        c = _resolved(*sets)
+        st = build_cost_model(c).step_time(BatchShape(
+            num_decode=1, decode_context_sum=100, decode_context_max=100, num_sampled=1))
+        launches = next(o.count for o in st.breakdown if o.name == "kernel_launch")
+        return plan_memory(c).num_gpu_blocks, st.cudagraph, launches, st.seconds
+
+    default = plan_and_step()
+    eager = plan_and_step("optimization_level=0")
+    piecewise = plan_and_step("optimization_level=1")
+    assert eager == plan_and_step("compilation.cudagraph_mode=NONE")
+    assert piecewise == plan_and_step("compilation.cudagraph_mode=PIECEWISE")
+    assert plan_and_step("optimization_level=3") == default
+    # an unresolved config (cudagraph_mode null) is read the same way
+    raw = load_config(None, ["optimization_level=0"])
+    assert raw.compilation.cudagraph_mode is None
+    assert build_cost_model(raw).cudagraph_mode == "NONE"
+    # Llama-3.1-8B, 32 layers; the LM head + sampler (1 + 8 kernels) run eagerly in every
+    # mode: FULL one graph; PIECEWISE 33 graph pieces + 32 · 2 attention kernels; NONE 32 ·
+    # 10 layer kernels (2 norms, rope, qkv, cache write + attention, o, gate_up, act, down)
+    # + embedding + final norm
+    assert [x[1:3] for x in (default, piecewise, eager)] == \
+        [("FULL", 1 + 9), ("PIECEWISE", 33 + 64 + 9), ("NONE", 320 + 2 + 9)]
+
+
+def test_performance_mode_throughput_doubles_the_unset_defaults():
+    """``if self.performance_mode == "throughput"``: each limit left unset is doubled, before
+    the max_model_len and budget caps; a limit the user set is kept."""
+    c = _resolved("hardware.name=h100-sxm", "performance_mode=throughput")
+    assert (c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens) == (2048, 16384)
+    c = _resolved("hardware.name=a100-sxm4-80gb", "performance_mode=throughput")
+    assert (c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens) == (512, 4096)
+    c = _resolved("hardware.name=a100-sxm4-80gb", "performance_mode=throughput",
+                  "scheduler.max_num_seqs=100")
+    assert (c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens) == (100, 4096)
+    # the budget cap min(max_num_seqs · max_model_len, ·) applies after doubling: 512 · 4
+    c = _resolved("hardware.name=a100-sxm4-80gb", "performance_mode=throughput",
+                  "model.max_model_len=4")
+    assert (c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens) == (512, 2048)
+    # capture max = min(2 · 512, 512) = 512: the graphs are those of the balanced mode
+    assert c.compilation.max_cudagraph_capture_size == 512
+    assert c.performance_mode == "throughput"
+
+
+def test_performance_mode_interactivity_captures_every_small_size():
+    """``if self.performance_mode == "interactivity"``: sizes ``range(1, min(max, 32) + 1)``
+    instead of [1, 2, 4], then the usual 8-steps from 8 (deduplicated) and 16-steps from 256;
+    a user list is still only filtered by the budget."""
+    c = _resolved("hardware.name=a100-sxm4-80gb", "performance_mode=interactivity")
+    assert c.compilation.cudagraph_capture_sizes == \
+        list(range(1, 33)) + list(range(40, 256, 8)) + list(range(256, 513, 16))
+    c = _resolved("hardware.name=a100-sxm4-80gb", "performance_mode=interactivity",
+                  "compilation.max_cudagraph_capture_size=20")
+    assert c.compilation.cudagraph_capture_sizes == list(range(1, 21))
+    c = _resolved("hardware.name=a100-sxm4-80gb", "performance_mode=interactivity",
+                  "compilation.cudagraph_capture_sizes=[4, 64]")
+    assert c.compilation.cudagraph_capture_sizes == [4, 64]
+
+
+def test_vllm_default_flags_leave_the_config_hash_alone():
+    """``optimization_level: 2`` and ``performance_mode: balanced`` are vLLM's defaults: written
+    or not, the resolved config dumps (and hashes) the same, without the two keys."""
+    plain = _resolved()
+    spelled = _resolved("optimization_level=2", "performance_mode=balanced",
+                        "compilation.cudagraph_mode=FULL_AND_PIECEWISE")
+    assert plain.config_hash() == spelled.config_hash()
+    assert "optimization_level" not in plain.dump_tree()
+    assert _resolved("optimization_level=1").dump_tree()["optimization_level"] == 1
+
+
 # -- GPUModelRunner: logits for every scheduled row --------------------------------------------
 
 def test_logits_rows_include_partial_prefill_chunks():
