@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+
+def human_readable_int(value: Any) -> Any:
+    """vLLM's ``human_readable_int`` for byte and token counts: '25.6k' = 25,600 and '2g' =
+    2·10⁹ (decimal suffixes k m g t), '2G' = 2·2³⁰ (binary suffixes K M G T, whole numbers
+    only); anything else is left to the field's own validation."""
+    if not isinstance(value, str):
+        return value
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    if not m:
+        return value
+    number, suffix = m.groups()
+    if suffix.islower():
+        x = float(number) * 10 ** (3 * "kmgt".index(suffix) + 3)
+        if x == float("inf"):
+            raise ValueError(f"{value.strip()[:20]}... is too large")
+        return int(x)
+    if "." in number:
+        raise ValueError(f"decimals are not allowed with binary suffixes like {suffix}: did you "
+                         f"mean {number}{suffix.lower()}?")
+    return int(number) << (10 * ("KMGT".index(suffix) + 1))
+
+
+# an int field that also takes vLLM's human-readable form ('16k', '16K', '16G')
+HumanInt = Annotated[int, BeforeValidator(human_readable_int)]
 
 
 class _Section(BaseModel):
@@ -19,9 +45,9 @@ class ModelConfig(_Section):
         description="A file in configs/models/ (HF config.json fields as YAML) or a path to a "
         "Hugging Face config.json",
     )
-    max_model_len: PositiveInt | None = Field(
-        None, description="Context limit in tokens; default: the model's max_position_embeddings"
-    )
+    max_model_len: HumanInt | None = Field(
+        None, ge=1, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
+        "default: the model's max_position_embeddings")
     dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     quantization: Literal["none", "fp8", "int8", "int4-awq", "int4-gptq"] = "none"
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")

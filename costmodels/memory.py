@@ -102,6 +102,8 @@ class MemoryPlan:
     draft_weights_bytes: int = 0
     draft_kv_bytes_per_token: int = 0
     lora_bytes: int = 0
+    # cache.kv_cache_memory_bytes: the KV cache's size given, memory profiling skipped
+    kv_cache_memory_bytes: int | None = None
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -138,7 +140,10 @@ class MemoryPlan:
             + (f" (speculative decoding proposer {self.draft_weights_bytes / g:.4f} GiB)"
                if self.draft_weights_bytes else "")
             + (f" (LoRA slots {self.lora_bytes / g:.4f} GiB)" if self.lora_bytes else ""),
-            (f"Memory profiling: total_gpu_memory ({self.total_bytes / g:.2f}GiB) x "
+            (f"Reserved {self.kv_cache_memory_bytes / g:.2f} GiB memory for KV Cache as "
+             "specified by kv_cache_memory_bytes config and skipped memory profiling."
+             if self.kv_cache_memory_bytes is not None else
+             f"Memory profiling: total_gpu_memory ({self.total_bytes / g:.2f}GiB) x "
             f"gpu_memory_utilization ({self.gpu_memory_utilization:.2f}) = "
             f"{self.requested_bytes / g:.2f}GiB; model weights take "
             f"{self.weights_bytes / g:.2f}GiB; non_torch_memory takes "
@@ -250,7 +255,13 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     weights += draft_w + lora_b
     where = (f"{spec.name} on {hw.name} (tensor_parallel_size={tp}, "
              f"pipeline_parallel_size={pp})")
-    if weights >= requested:
+    explicit = getattr(cfg.cache, "kv_cache_memory_bytes", None)
+    if explicit is not None and weights >= total:
+        raise CapacityError(
+            f"{where}: model weights take {weights / GIB:.2f} GiB per GPU, more than the "
+            f"{hw.memory_gib:.2f} GiB device; raise parallel.tensor_parallel_size, quantize the "
+            "model, or use a larger GPU")
+    if explicit is None and weights >= requested:
         raise CapacityError(
             f"{where}: model weights take {weights / GIB:.2f} GiB per GPU but only "
             f"{requested / GIB:.2f} GiB available at gpu_memory_utilization={util} "
@@ -276,9 +287,14 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         n_graphs = len(sizes) * (2 if mode == "FULL_AND_PIECEWISE" else 1)
         graphs = n_graphs * co.cudagraph_bytes_per_graph + forward_activation_bytes(
             spec, sizes[-1], tp)
-    available = requested - weights - act - non_torch - comm
-    if co.cudagraph_in_kv_budget:
-        available -= graphs
+    if explicit is not None:
+        # ``determine_available_memory``: the profile run still happens (it compiles the
+        # model), then the KV cache gets exactly this, whatever gpu_memory_utilization says
+        available = explicit
+    else:
+        available = requested - weights - act - non_torch - comm
+        if co.cudagraph_in_kv_budget:
+            available -= graphs
     bs = cfg.cache.block_size
     per_token = spec.kv_bytes_per_token(kvb, tp, pp) + draft_kv
     block_bytes = bs * per_token
@@ -309,16 +325,19 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             "engine."
         )
     override = cfg.cache.num_gpu_blocks_override
-    if override is not None:
-        # vLLM sizes the KV tensors from the override without checking them against the
-        # profile; they must still fit beside the weights, or their allocation fails
+    blocks = override if override is not None else computed
+    if override is not None or explicit is not None:
+        # vLLM sizes the KV tensors from the override or the explicit size without checking
+        # them against the profile; they must still fit beside the weights, or their
+        # allocation fails
+        key = ("cache.num_gpu_blocks_override" if override is not None
+               else "cache.kv_cache_memory_bytes")
         room = total - weights - non_torch - comm
-        if override * block_bytes > room:
+        if blocks * block_bytes > room:
             raise CapacityError(
-                f"cache.num_gpu_blocks_override: {override} blocks need "
-                f"{override * block_bytes / GIB:,.2f} GiB of KV cache, more than the "
-                f"{max(room, 0) / GIB:.2f} GiB left on the GPU beside the model weights "
-                f"({weights / GIB:.2f} GiB): allocating them fails (CUDA out of memory)")
+                f"{key}: {blocks} blocks need {blocks * block_bytes / GIB:,.2f} GiB of KV cache, "
+                f"more than the {max(room, 0) / GIB:.2f} GiB left on the GPU beside the model "
+                f"weights ({weights / GIB:.2f} GiB): allocating them fails (CUDA out of memory)")
     return MemoryPlan(
         model=spec.name, hardware=hw.name, tensor_parallel_size=tp, pipeline_parallel_size=pp,
         total_bytes=total, gpu_memory_utilization=util, requested_bytes=requested,
@@ -326,11 +345,11 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         comm_bytes=comm, cudagraph_bytes=graphs,
         cudagraph_in_kv_budget=co.cudagraph_in_kv_budget, available_kv_bytes=available,
         block_size=bs, block_bytes=block_bytes, kv_bytes_per_token=per_token,
-        num_gpu_blocks=override if override is not None else computed,
+        num_gpu_blocks=blocks,
         num_gpu_blocks_computed=computed, num_gpu_blocks_override=override,
         max_model_len=mml, blocks_per_request=per_req_blocks, weight_format=wf.name,
         kv_cache_dtype=cfg.cache.cache_dtype, draft_weights_bytes=draft_w,
-        draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b,
+        draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b, kv_cache_memory_bytes=explicit,
     )
 
 

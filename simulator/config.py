@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
-from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.costmodels.config import HardwareConfig, HumanInt, ModelConfig
 from servesim.simulator.cluster.config import MAX_ENGINES, ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, path_is_file, short_repr
 from servesim.simulator.lora import LoRAConfig
@@ -36,12 +36,19 @@ class ParallelConfig(_Section):
     data_parallel_size: int = Field(1, ge=1, le=MAX_ENGINES)
 
 
+# cache keys left out of dumps (and the config hash) while null: added after configs were hashed
+CACHE_OPTIONAL_KEYS = ("kv_offload", "kv_cache_memory_bytes")
+
+
 class CacheConfig(_Section):
     block_size: PositiveInt = Field(16, description="Tokens per KV block")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     num_gpu_blocks_override: PositiveInt | None = None
+    kv_cache_memory_bytes: HumanInt | None = Field(
+        None, ge=1, le=2**63 - 1, description="vLLM --kv-cache-memory-bytes: KV cache per GPU (bytes, or "
+        "'16G' = 16 GiB, '16g' = 16e9), instead of what gpu_memory_utilization leaves")
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
     kv_offload: KVOffloadConfig | None = Field(
         None, description="CPU KV-offload tier (vLLM OffloadingConnector); omitted when null")
@@ -52,9 +59,10 @@ class SchedulerConfig(_Section):
     max_num_seqs: PositiveInt | None = Field(
         None, description="Default as vLLM picks it: 1024 on >=70 GiB non-A100 GPUs, else 256"
     )
-    max_num_batched_tokens: PositiveInt | None = Field(
-        None, description="Per-step token budget; default 8192 on >=70 GiB non-A100 GPUs, else 2048"
-    )
+    max_num_batched_tokens: HumanInt | None = Field(
+        None, ge=1,
+        description="Per-step token budget ('16k' = 16,000, '16K' = 16,384); default 8192 on "
+        ">=70 GiB non-A100 GPUs, else 2048")
     long_prefill_token_threshold: int = Field(0, ge=0)
     enable_chunked_prefill: bool = True
     async_scheduling: bool | None = Field(
@@ -164,7 +172,7 @@ class ExperimentConfig(_Section):
 
     def dump_tree(self, mode: str = "python") -> dict:
         """``model_dump`` without the optional extension keys while unused (``cluster``,
-        ``cache.kv_offload``, a default ``client``, null ``workload.stages``/``warmup``,
+        ``cache.kv_offload`` / ``kv_cache_memory_bytes``, a default ``client``, null ``workload.stages``/``warmup``,
         ``speculative_config``, ``lora`` with ``enable_lora: false``, ``optimization_level``
         and ``performance_mode`` at vLLM's defaults): a config that does not
         use them dumps and hashes as before they existed."""
@@ -175,8 +183,9 @@ class ExperimentConfig(_Section):
             d.pop("performance_mode")
         if d.get("cluster") is None:
             d.pop("cluster", None)
-        if d["cache"].get("kv_offload") is None:
-            d["cache"].pop("kv_offload", None)
+        for k in CACHE_OPTIONAL_KEYS:
+            if d["cache"].get(k) is None:
+                d["cache"].pop(k, None)
         if d.get("client") == ClientConfig().model_dump(mode=mode):
             d.pop("client")
         if d.get("speculative_config", 0) is None:

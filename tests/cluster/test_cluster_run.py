@@ -36,6 +36,7 @@ def test_plain_config_has_no_cluster_keys_and_no_cluster_outputs(tmp_path):
     dumped = cfg.model_dump(mode="json")
     dumped.pop("cluster")
     dumped["cache"].pop("kv_offload")
+    dumped["cache"].pop("kv_cache_memory_bytes")
     # (as the other extension keys left at their defaults: client timeouts, load stages)
     dumped.pop("client")
     dumped.pop("speculative_config")
@@ -169,3 +170,16 @@ def test_router_decision_latency_counts_in_ttft():
     slow = run_experiment(cfg_of(tree), resolved=True)
     assert slow.requests["send_s"][0] == fast.requests["send_s"][0]
     assert slow.requests["ttft_s"][0] == pytest.approx(fast.requests["ttft_s"][0] + 0.25)
+
+
+def test_unset_cache_extension_keys_stay_out_of_the_groups_and_the_hash():
+    """A resolved group's ``cache`` dict leaves out ``kv_cache_memory_bytes`` while it is
+    null (as ``dump_tree`` does), so cluster configs hash as before the key existed; a set
+    value reaches every group."""
+    path = ROOT / "configs" / "cluster_pd_llama70b_h100.yaml"
+    plain = resolve_config(load_config(path))
+    assert plain.config_hash() == "28b999b3a34e154f"  # (servesim 0f8260e, before the key)
+    assert all("kv_cache_memory_bytes" not in g.cache for g in plain.cluster.instances)
+    sized = resolve_config(load_config(path, ["cache.kv_cache_memory_bytes=20G"]))
+    assert [g.cache["kv_cache_memory_bytes"] for g in sized.cluster.instances] == \
+        [20 * 2**30] * len(sized.cluster.instances)

@@ -54,6 +54,63 @@ def test_log_lines_look_like_vllm():
     assert "# GPU blocks: 28502" in text
 
 
+def test_kv_cache_memory_bytes_sets_the_kv_cache_whatever_the_utilization():
+    """vLLM ``determine_available_memory``: with ``kv_cache_memory_bytes`` the KV cache gets
+    exactly that (profiling skipped, gpu_memory_utilization ignored): 16 GiB / (16 tokens ×
+    128 KiB) = 8,192 blocks = 131,072 tokens, one max_model_len request (1.00x); an override
+    of the block count still wins, as in ``get_num_blocks``."""
+    for util in ("0.9", "0.3"):
+        p = plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=16G",
+                                 f"cache.gpu_memory_utilization={util}"))
+        assert (p.available_kv_bytes, p.num_gpu_blocks) == (16 * GIB, 8192)
+    text = "\n".join(p.log_lines())
+    assert "Reserved 16.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes" in text
+    assert "Maximum concurrency for 131,072 tokens per request: 1.00x" in text
+    p = plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=16G",
+                             "cache.num_gpu_blocks_override=1000"))
+    assert (p.num_gpu_blocks, p.num_gpu_blocks_computed) == (1000, 8192)
+    # 2.5e9 bytes // 2 MiB = 1,192 blocks = 19,072 tokens < one 131,072-token request
+    with pytest.raises(CapacityError, match="estimated maximum model length is 19072"):
+        plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=2.5g"))
+    # more than the device holds beside the weights: 79.15 − 14.99 − 0.15 = 64.01 GiB
+    with pytest.raises(CapacityError, match=r"cache.kv_cache_memory_bytes: 51200 blocks need "
+                       r"100.00 GiB of KV cache, more than the 64.01 GiB left"):
+        plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=100G"))
+
+
+@pytest.mark.parametrize("text, value", [
+    ("25.6k", 25_600), ("1k", 1000), ("1K", 1024), ("2g", 2_000_000_000), ("2G", 2 * GIB),
+    ("1T", 2**40), (" 3m ", 3_000_000), ("12345", 12345), (4096, 4096),
+])
+def test_human_readable_byte_counts_as_vllm_parses_them(text, value):
+    """``vllm.utils.argparse_utils.human_readable_int``: lower-case suffixes are decimal
+    (decimals allowed), upper-case binary (whole numbers only)."""
+    from servesim.simulator.config import load_config
+
+    cfg = load_config(None, [])
+    cfg.cache.kv_cache_memory_bytes = text  # (validate_assignment)
+    assert cfg.cache.kv_cache_memory_bytes == value
+
+
+def test_token_counts_take_the_human_readable_form_too():
+    """vLLM parses --max-model-len and --max-num-batched-tokens the same way."""
+    from servesim.simulator.config import load_config
+
+    cfg = load_config(None, ["model.max_model_len=32K", "scheduler.max_num_batched_tokens=16k"])
+    assert (cfg.model.max_model_len, cfg.scheduler.max_num_batched_tokens) == (32768, 16000)
+    with pytest.raises(ConfigError, match="model.max_model_len: input should be greater than "
+                       "or equal to 1"):
+        load_config(None, ["model.max_model_len=0"])
+
+
+def test_human_readable_binary_suffix_refuses_decimals():
+    from servesim.simulator.config import load_config
+
+    with pytest.raises(ConfigError, match="decimals are not allowed with binary suffixes like "
+                       "G: did you mean 1.5g"):
+        load_config(None, ["cache.kv_cache_memory_bytes=1.5G"])
+
+
 def test_override_and_utilization():
     p = plan_memory(make_cfg(*L8B, "cache.num_gpu_blocks_override=1000"))
     assert p.num_gpu_blocks == 1000 and p.num_gpu_blocks_computed == 28_502

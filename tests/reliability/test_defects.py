@@ -437,6 +437,9 @@ def test_config_path_too_long_to_look_up_is_a_one_line_error():
 
 @pytest.mark.parametrize(("key", "value", "says"), [
     ("cache.num_gpu_blocks_override", 10**8, "CUDA out of memory"),  # 195,312 GiB of KV
+    ("cache.kv_cache_memory_bytes", 2**63 - 1, "CUDA out of memory"),
+    ("cache.kv_cache_memory_bytes", "9" * 400 + "T", "less than or equal to 9223372036854775807"),
+    ("cache.kv_cache_memory_bytes", "9" * 400 + "t", "is too large"),
     ("parallel.data_parallel_size", 10**8, "less than or equal to 1024"),
     ("frontend.api_server_count", 10**8, "less than or equal to 1024"),
     ("workload.prefix_len", 10**9, "longer than model.max_model_len (131072)"),

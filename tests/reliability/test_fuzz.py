@@ -31,6 +31,7 @@ KEYS = [
     "parallel.tensor_parallel_size", "parallel.pipeline_parallel_size",
     "parallel.data_parallel_size", "cache.block_size", "cache.gpu_memory_utilization",
     "cache.enable_prefix_caching", "cache.cache_dtype", "cache.num_gpu_blocks_override",
+    "cache.kv_cache_memory_bytes", "optimization_level", "performance_mode",
     "cache.allocator", "scheduler.policy", "scheduler.max_num_seqs",
     "scheduler.max_num_batched_tokens", "scheduler.long_prefill_token_threshold",
     "scheduler.enable_chunked_prefill", "compilation.cudagraph_mode",
