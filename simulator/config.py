@@ -36,8 +36,23 @@ class ParallelConfig(_Section):
     data_parallel_size: int = Field(1, ge=1, le=MAX_ENGINES)
 
 
-# cache keys left out of dumps (and the config hash) while null: added after configs were hashed
-CACHE_OPTIONAL_KEYS = ("kv_offload", "kv_cache_memory_bytes")
+# Keys added after configs were first hashed, left out of dumps (and so of the config hash)
+# while at these values (their defaults), per section ("" = top level); ``dump_tree`` and the
+# cluster groups' resolved sections read it.
+OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
+    "": {"optimization_level": 2, "performance_mode": "balanced"},
+    "cache": {"kv_offload": None, "kv_cache_memory_bytes": None},
+    "scheduler": {"max_num_partial_prefills": 1, "max_long_partial_prefills": 1},
+}
+
+
+def omit_defaults(section: dict, name: str) -> dict:
+    """``section`` (a dump of config section ``name``) without the keys of
+    :data:`OMITTED_AT_DEFAULT` that hold their default (in place; returned)."""
+    for k, v in OMITTED_AT_DEFAULT.get(name, {}).items():
+        if k in section and section[k] == v:
+            del section[k]
+    return section
 
 
 class CacheConfig(_Section):
@@ -64,6 +79,11 @@ class SchedulerConfig(_Section):
         description="Per-step token budget ('16k' = 16,000, '16K' = 16,384); default 8192 on "
         ">=70 GiB non-A100 GPUs, else 2048")
     long_prefill_token_threshold: int = Field(0, ge=0)
+    max_num_partial_prefills: PositiveInt = Field(
+        1, description="vLLM --max-num-partial-prefills; in V1 its one effect: > 1 sets an "
+        "unset long_prefill_token_threshold to 4% of max_model_len")
+    max_long_partial_prefills: PositiveInt = Field(
+        1, description="vLLM --max-long-partial-prefills (at most max_num_partial_prefills)")
     enable_chunked_prefill: bool = True
     async_scheduling: bool | None = Field(
         None, description="vLLM's async scheduling (two batches in flight, host work hidden "
@@ -171,21 +191,16 @@ class ExperimentConfig(_Section):
     cluster: ClusterConfig | None = None
 
     def dump_tree(self, mode: str = "python") -> dict:
-        """``model_dump`` without the optional extension keys while unused (``cluster``,
-        ``cache.kv_offload`` / ``kv_cache_memory_bytes``, a default ``client``, null ``workload.stages``/``warmup``,
-        ``speculative_config``, ``lora`` with ``enable_lora: false``, ``optimization_level``
-        and ``performance_mode`` at vLLM's defaults): a config that does not
-        use them dumps and hashes as before they existed."""
+        """``model_dump`` without the optional extension keys while unused (``cluster``, a
+        default ``client``, null ``workload.stages``/``warmup``, ``speculative_config``,
+        ``lora`` with ``enable_lora: false``, the keys of :data:`OMITTED_AT_DEFAULT` at their
+        defaults): a config that does not use them dumps and hashes as before they existed."""
         d = self.model_dump(mode=mode)
-        if d.get("optimization_level") == 2:
-            d.pop("optimization_level")
-        if d.get("performance_mode") == "balanced":
-            d.pop("performance_mode")
+        omit_defaults(d, "")
+        for name in ("cache", "scheduler"):
+            omit_defaults(d[name], name)
         if d.get("cluster") is None:
             d.pop("cluster", None)
-        for k in CACHE_OPTIONAL_KEYS:
-            if d["cache"].get(k) is None:
-                d["cache"].pop(k, None)
         if d.get("client") == ClientConfig().model_dump(mode=mode):
             d.pop("client")
         if d.get("speculative_config", 0) is None:
@@ -412,6 +427,29 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 # Resolution: vLLM's hardware- and model-dependent defaults
 
 
+def _resolve_partial_prefills(s: SchedulerConfig, max_model_len: int) -> None:
+    """vLLM ``SchedulerConfig.__post_init__`` / ``verify_max_model_len``: with
+    max_num_partial_prefills > 1 an unset (0) long_prefill_token_threshold becomes
+    int(max_model_len · 0.04) (the V1 scheduler then caps every request's chunk at it; the
+    partial-prefill counts themselves are not read by the V1 scheduler), chunked prefill must
+    be on and the threshold at most max_model_len; max_long_partial_prefills ≤
+    max_num_partial_prefills."""
+    if s.max_num_partial_prefills > 1:
+        if s.long_prefill_token_threshold == 0:
+            s.long_prefill_token_threshold = int(max_model_len * 0.04)
+        if not s.enable_chunked_prefill:
+            raise ConfigError("scheduler.max_num_partial_prefills: chunked prefill must be "
+                              "enabled to set max_num_partial_prefills > 1")
+        if s.long_prefill_token_threshold > max_model_len:
+            raise ConfigError(
+                f"scheduler.long_prefill_token_threshold ({s.long_prefill_token_threshold}) "
+                f"cannot be greater than the max_model_len ({max_model_len})")
+    if s.max_long_partial_prefills > s.max_num_partial_prefills:
+        raise ConfigError(
+            f"scheduler.max_long_partial_prefills ({s.max_long_partial_prefills}) must be less "
+            f"than or equal to max_num_partial_prefills ({s.max_num_partial_prefills})")
+
+
 def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """Fill the defaults vLLM derives at start-up; return a new, fully concrete config.
 
@@ -445,6 +483,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,
         s.enable_chunked_prefill, c.performance_mode)
     _resolve_spec_decode_and_lora(c)
+    _resolve_partial_prefills(s, c.model.max_model_len)
     if s.async_scheduling is None:
         s.async_scheduling = True
     if s.max_num_batched_tokens < s.max_num_seqs:

@@ -192,7 +192,7 @@ def group_tree(base: dict, group: InstanceGroup) -> dict:
 def resolve_cluster(raw, resolved) -> None:
     """Resolve every group of ``raw.cluster`` (the unresolved config) and write the resolved
     sections into ``resolved.cluster``'s groups; check what all instances must share."""
-    from servesim.simulator.config import CACHE_OPTIONAL_KEYS, resolve_config, validate_tree
+    from servesim.simulator.config import omit_defaults, resolve_config, validate_tree
     from servesim.simulator.errors import ConfigError
 
     base = raw.dump_tree(mode="python")
@@ -215,8 +215,5 @@ def resolve_cluster(raw, resolved) -> None:
             d = getattr(cfg, sec).model_dump(mode="python")
             if sec == "parallel":
                 d.pop("data_parallel_size", None)
-            if sec == "cache":  # (unused extension keys, as ExperimentConfig.dump_tree)
-                for k in CACHE_OPTIONAL_KEYS:
-                    if d.get(k) is None:
-                        d.pop(k, None)
+            omit_defaults(d, sec)  # (unused extension keys, as ExperimentConfig.dump_tree)
             setattr(g_res, sec, d)

@@ -5,6 +5,7 @@ load balancing and the API server's context-length refusal. Each test names the 
 it follows (source: ``pip download --no-deps --no-binary :all: vllm==0.22.1``)."""
 
 import types
+from pathlib import Path
 
 import pytest
 import simpy
@@ -328,13 +329,46 @@ def test_performance_mode_interactivity_captures_every_small_size():
     assert c.compilation.cudagraph_capture_sizes == [4, 64]
 
 
+def test_partial_prefills_set_the_long_prefill_threshold():
+    """``SchedulerConfig.__post_init__``: max_num_partial_prefills > 1 with an unset threshold
+    → int(max_model_len · 0.04) (8192 → 327); a set threshold is kept; the V1 scheduler reads
+    only the threshold (``test_rules.py`` pins its chunk cap)."""
+    c = _resolved("model.max_model_len=8192", "scheduler.max_num_partial_prefills=2")
+    assert c.scheduler.long_prefill_token_threshold == 327
+    c = _resolved("model.max_model_len=8192", "scheduler.max_num_partial_prefills=2",
+                  "scheduler.long_prefill_token_threshold=1000")
+    assert c.scheduler.long_prefill_token_threshold == 1000
+    assert _resolved("model.max_model_len=8192").scheduler.long_prefill_token_threshold == 0
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["scheduler.max_num_partial_prefills=2", "scheduler.enable_chunked_prefill=false",
+      "scheduler.max_num_batched_tokens=8192"], "chunked prefill must be enabled"),
+    (["scheduler.max_num_partial_prefills=2", "scheduler.long_prefill_token_threshold=9000"],
+     r"long_prefill_token_threshold \(9000\) cannot be greater than the max_model_len \(8192\)"),
+    (["scheduler.max_long_partial_prefills=2"],
+     r"max_long_partial_prefills \(2\) must be less than or equal to max_num_partial_prefills"),
+])
+def test_partial_prefill_checks(sets, says):
+    """``SchedulerConfig.verify_max_model_len``'s refusals, as one-line config errors."""
+    from servesim.simulator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        _resolved("model.max_model_len=8192", *sets)
+
+
 def test_vllm_default_flags_leave_the_config_hash_alone():
     """``optimization_level: 2`` and ``performance_mode: balanced`` are vLLM's defaults: written
     or not, the resolved config dumps (and hashes) the same, without the two keys."""
     plain = _resolved()
     spelled = _resolved("optimization_level=2", "performance_mode=balanced",
-                        "compilation.cudagraph_mode=FULL_AND_PIECEWISE")
+                        "compilation.cudagraph_mode=FULL_AND_PIECEWISE",
+                        "scheduler.max_num_partial_prefills=1",
+                        "scheduler.max_long_partial_prefills=1")
     assert plain.config_hash() == spelled.config_hash()
+    example = Path(__file__).resolve().parents[2] / "configs" / "llama8b_a100.yaml"
+    assert resolve_config(load_config(example)).config_hash() == \
+        "ecb515e4795560cd"  # (servesim 0f8260e, before these keys existed)
     assert "optimization_level" not in plain.dump_tree()
     assert _resolved("optimization_level=1").dump_tree()["optimization_level"] == 1
 
