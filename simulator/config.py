@@ -57,7 +57,9 @@ def omit_defaults(section: dict, name: str) -> dict:
 
 class CacheConfig(_Section):
     block_size: PositiveInt = Field(16, description="Tokens per KV block")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        0.92, gt=0, le=1, description="vLLM --gpu-memory-utilization (0.92: vLLM 0.22.1's default; "
+        "older releases: 0.9)")
     enable_prefix_caching: bool = True
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     num_gpu_blocks_override: PositiveInt | None = None
