@@ -82,10 +82,9 @@ class SchedulerConfig(_Section):
         ">=70 GiB non-A100 GPUs, else 2048")
     long_prefill_token_threshold: int = Field(0, ge=0)
     max_num_partial_prefills: PositiveInt = Field(
-        1, description="vLLM --max-num-partial-prefills; in V1 its one effect: > 1 sets an "
-        "unset long_prefill_token_threshold to 4% of max_model_len")
+        1, description="vLLM --max-num-partial-prefills: only 1 (vLLM 0.22.1 refuses others)")
     max_long_partial_prefills: PositiveInt = Field(
-        1, description="vLLM --max-long-partial-prefills (at most max_num_partial_prefills)")
+        1, description="vLLM --max-long-partial-prefills: only 1 (vLLM 0.22.1 refuses others)")
     enable_chunked_prefill: bool = True
     async_scheduling: bool | None = Field(
         None, description="vLLM's async scheduling (two batches in flight, host work hidden "
@@ -429,27 +428,16 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 # Resolution: vLLM's hardware- and model-dependent defaults
 
 
-def _resolve_partial_prefills(s: SchedulerConfig, max_model_len: int) -> None:
-    """vLLM ``SchedulerConfig.__post_init__`` / ``verify_max_model_len``: with
-    max_num_partial_prefills > 1 an unset (0) long_prefill_token_threshold becomes
-    int(max_model_len · 0.04) (the V1 scheduler then caps every request's chunk at it; the
-    partial-prefill counts themselves are not read by the V1 scheduler), chunked prefill must
-    be on and the threshold at most max_model_len; max_long_partial_prefills ≤
-    max_num_partial_prefills."""
-    if s.max_num_partial_prefills > 1:
-        if s.long_prefill_token_threshold == 0:
-            s.long_prefill_token_threshold = int(max_model_len * 0.04)
-        if not s.enable_chunked_prefill:
-            raise ConfigError("scheduler.max_num_partial_prefills: chunked prefill must be "
-                              "enabled to set max_num_partial_prefills > 1")
-        if s.long_prefill_token_threshold > max_model_len:
+def _check_partial_prefills(s: SchedulerConfig) -> None:
+    """vLLM 0.22.1 ``EngineArgs._check_feature_supported``: any max_num_partial_prefills or
+    max_long_partial_prefills other than 1 stops the engine at start-up ("Concurrent Partial
+    Prefill is not supported"); its V1 scheduler has no concurrent partial prefills."""
+    for key in ("max_num_partial_prefills", "max_long_partial_prefills"):
+        if getattr(s, key) != 1:
             raise ConfigError(
-                f"scheduler.long_prefill_token_threshold ({s.long_prefill_token_threshold}) "
-                f"cannot be greater than the max_model_len ({max_model_len})")
-    if s.max_long_partial_prefills > s.max_num_partial_prefills:
-        raise ConfigError(
-            f"scheduler.max_long_partial_prefills ({s.max_long_partial_prefills}) must be less "
-            f"than or equal to max_num_partial_prefills ({s.max_num_partial_prefills})")
+                f"scheduler.{key}: {getattr(s, key)}: vLLM 0.22.1 refuses to start with it "
+                "(Concurrent Partial Prefill is not supported; remove it, or cap each "
+                "request's chunk with scheduler.long_prefill_token_threshold)")
 
 
 def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -485,7 +473,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,
         s.enable_chunked_prefill, c.performance_mode)
     _resolve_spec_decode_and_lora(c)
-    _resolve_partial_prefills(s, c.model.max_model_len)
+    _check_partial_prefills(s)
     if s.async_scheduling is None:
         s.async_scheduling = True
     if s.max_num_batched_tokens < s.max_num_seqs:

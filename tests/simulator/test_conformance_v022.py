@@ -329,32 +329,18 @@ def test_performance_mode_interactivity_captures_every_small_size():
     assert c.compilation.cudagraph_capture_sizes == [4, 64]
 
 
-def test_partial_prefills_set_the_long_prefill_threshold():
-    """``SchedulerConfig.__post_init__``: max_num_partial_prefills > 1 with an unset threshold
-    → int(max_model_len · 0.04) (8192 → 327); a set threshold is kept; the V1 scheduler reads
-    only the threshold (``test_rules.py`` pins its chunk cap)."""
-    c = _resolved("model.max_model_len=8192", "scheduler.max_num_partial_prefills=2")
-    assert c.scheduler.long_prefill_token_threshold == 327
-    c = _resolved("model.max_model_len=8192", "scheduler.max_num_partial_prefills=2",
-                  "scheduler.long_prefill_token_threshold=1000")
-    assert c.scheduler.long_prefill_token_threshold == 1000
-    assert _resolved("model.max_model_len=8192").scheduler.long_prefill_token_threshold == 0
-
-
-@pytest.mark.parametrize("sets, says", [
-    (["scheduler.max_num_partial_prefills=2", "scheduler.enable_chunked_prefill=false",
-      "scheduler.max_num_batched_tokens=8192"], "chunked prefill must be enabled"),
-    (["scheduler.max_num_partial_prefills=2", "scheduler.long_prefill_token_threshold=9000"],
-     r"long_prefill_token_threshold \(9000\) cannot be greater than the max_model_len \(8192\)"),
-    (["scheduler.max_long_partial_prefills=2"],
-     r"max_long_partial_prefills \(2\) must be less than or equal to max_num_partial_prefills"),
-])
-def test_partial_prefill_checks(sets, says):
-    """``SchedulerConfig.verify_max_model_len``'s refusals, as one-line config errors."""
+@pytest.mark.parametrize("key", ["max_num_partial_prefills", "max_long_partial_prefills"])
+def test_partial_prefills_other_than_one_are_refused(key):
+    """``EngineArgs._check_feature_supported``: a non-default partial-prefill count raises
+    "Concurrent Partial Prefill is not supported" at start-up (the V1 scheduler has none;
+    ``SchedulerConfig``'s 4%-threshold default behind it is never reached)."""
     from servesim.simulator.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=says):
-        _resolved("model.max_model_len=8192", *sets)
+    with pytest.raises(ConfigError, match=f"scheduler.{key}: 2: vLLM 0.22.1 refuses to start "
+                       "with it \\(Concurrent Partial Prefill is not supported"):
+        _resolved(f"scheduler.{key}=2")
+    c = _resolved(f"scheduler.{key}=1")
+    assert c.scheduler.long_prefill_token_threshold == 0
 
 
 def test_vllm_default_flags_leave_the_config_hash_alone():
