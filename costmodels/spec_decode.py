@@ -64,6 +64,15 @@ def num_lookahead_tokens(method: str, k: int) -> int:
     return k if method in MODEL_METHODS else 0
 
 
+def drafting_slots_per_request(method: str) -> int:
+    """vLLM ``SpeculativeConfig.max_num_new_slots_for_drafting`` per request: one for a
+    separate draft model (its proposer adds a slot per request to the batch; the scheduler's
+    token budget, ``VllmConfig._set_max_num_scheduled_tokens``, is max_num_batched_tokens −
+    this · max_num_seqs), none for the other methods (parallel drafting, which would add
+    k − 1, belongs to methods servesim does not model)."""
+    return 1 if method == "draft_model" else 0
+
+
 def adjust_cudagraph_sizes_for_spec_decode(sizes: list[int], uniform_decode_query_len: int,
                                            max_size: int) -> list[int]:
     """``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``: capture sizes rounded up

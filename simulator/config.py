@@ -538,13 +538,18 @@ def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
     - ``scheduler.async_scheduling`` (``VllmConfig.__post_init__``): null stays on only for
       EAGLE/EAGLE-3/MTP and ``ngram_gpu`` and turns off (with vLLM's warning) for other
       methods; explicitly true is refused for methods other than those and ``draft_model``.
-    - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP.
+    - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP, and a
+      token budget left after one drafting slot per seat (``_set_max_num_scheduled_tokens``).
     - pipeline parallelism with speculative decoding is not modelled (refused).
     - ``lora.max_cpu_loras``: null → ``max_loras``.
     """
     import warnings
 
-    from servesim.costmodels.spec_decode import ASYNC_ALLOWED_METHODS, ASYNC_DEFAULT_METHODS
+    from servesim.costmodels.spec_decode import (
+        ASYNC_ALLOWED_METHODS,
+        ASYNC_DEFAULT_METHODS,
+        drafting_slots_per_request,
+    )
 
     sc, s = c.speculative_config, c.scheduler
     if sc is not None:
@@ -561,6 +566,14 @@ def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
                 "scheduler.async_scheduling: Currently, async scheduling is only supported "
                 f"with EAGLE/MTP/Draft Model/NGram GPU kind of speculative decoding, not "
                 f"{m} (vLLM)")
+        budget = s.max_num_batched_tokens - drafting_slots_per_request(m) * s.max_num_seqs
+        if budget <= 0:  # (VllmConfig._set_max_num_scheduled_tokens)
+            raise ConfigError(
+                f"scheduler.max_num_batched_tokens: max_num_scheduled_tokens is set to {budget} "
+                "based on the speculative decoding settings, which does not allow any tokens "
+                "to be scheduled. Increase max_num_batched_tokens to accommodate the "
+                "additional draft token slots, or decrease num_speculative_tokens or "
+                "max_num_seqs (vLLM)")
         tp = c.parallel.tensor_parallel_size
         if (m == "draft_model" and sc.draft_tensor_parallel_size is not None
                 and sc.draft_tensor_parallel_size != tp):

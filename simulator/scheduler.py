@@ -128,9 +128,13 @@ class Scheduler(DecodeGroup):
 
     def enable_spec_decode(self, spec) -> None:
         """Speculative decoding (a ``spec_decode.SpecDecoding``); exact loop only (a decode
-        row is 1 + k tokens, not the decode group's one)."""
+        row is 1 + k tokens, not the decode group's one). A draft model's proposer adds a
+        slot per request to the batch, so the token budget shrinks by one per running seat
+        (vLLM ``max_num_scheduled_tokens``)."""
         self.spec = spec
         self.fast_path = False
+        self.max_num_scheduled_tokens = self.params.max_num_batched_tokens - \
+            getattr(spec, "drafting_slots", 0) * self.max_num_running_reqs
 
     def enable_lora(self, lora) -> None:
         """Multi-LoRA (a ``lora.LoRAScheduling``): the waiting queue gains vLLM's

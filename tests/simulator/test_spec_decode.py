@@ -236,9 +236,10 @@ def test_no_block_leak_across_rejections(k, alpha, seed, async_scheduling, num_b
     from servesim.simulator.engine import Replica
     from servesim.simulator.recorder import Recorder
 
+    # (16 seats: a draft model's budget is 64 − 16 drafting slots, as vLLM resolves it)
     h = spec_harness(k=k, method=method, rate=alpha, seed=seed, num_blocks=num_blocks,
                      block_size=4, max_num_batched_tokens=64, max_model_len=256,
-                     async_scheduling=async_scheduling)
+                     max_num_seqs=16, async_scheduling=async_scheduling)
     sched, kv = h.sched, h.kv
     env = simpy.Environment()
     la = sched.spec.num_lookahead_tokens
@@ -318,6 +319,31 @@ def test_async_explicitly_on_is_refused_for_ngram_but_allowed_for_draft_model():
     c = _resolved("speculative_config.method=draft_model",
                   "speculative_config.model=llama-3.2-1b", *base)
     assert c.scheduler.async_scheduling is True
+
+
+@pytest.mark.parametrize("method, budget", [("draft_model", 2048 - 256), ("eagle", 2048)])
+def test_draft_model_budget_leaves_a_drafting_slot_per_seat(method, budget):
+    """``VllmConfig._set_max_num_scheduled_tokens``: max_num_scheduled_tokens =
+    max_num_batched_tokens − max_num_new_slots_for_drafting · max_num_seqs, one slot per
+    request for a draft model (A100 defaults: 2048 − 256 = 1792), none for EAGLE. A 5,000-token
+    prompt alone is chunked at that budget."""
+    sets = ["hardware.name=a100-sxm4-80gb", f"speculative_config.method={method}",
+            "speculative_config.num_speculative_tokens=2", "speculative_config.acceptance={rate: 0.5}",
+            "workload.num_prompts=1", "workload.input_len=5000", "workload.output_len=4",
+            "scheduler.async_scheduling=false", "frontend.enable=false"]
+    if method == "draft_model":
+        sets.append("speculative_config.model=llama-3.2-1b")
+    r = run_experiment(load_config(None, sets))
+    assert list(r.steps["step_tokens"][:3]) == [budget, budget, 5000 - 2 * budget]
+
+
+def test_draft_model_budget_must_leave_tokens():
+    with pytest.raises(ConfigError, match="max_num_scheduled_tokens is set to 0 based on the "
+                       "speculative decoding settings"):
+        _resolved("speculative_config.method=draft_model", "speculative_config.model=llama-3.2-1b",
+                  "speculative_config.num_speculative_tokens=2",
+                  "speculative_config.acceptance={rate: 0.5}",
+                  "scheduler.max_num_seqs=256", "scheduler.max_num_batched_tokens=256")
 
 
 def test_cudagraph_sizes_are_multiples_of_one_plus_k_and_uniform_decode_replays_full():
