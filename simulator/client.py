@@ -138,9 +138,11 @@ class Client:
         self._queue = Parked()  # client-side queue under max_concurrency (compact, FIFO)
         self._children: dict[str, list[RequestSpec]] = {}
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
-        # vLLM's DP load balancer (DPLBAsyncMPClient): per-engine [waiting, running] as last
-        # published by the DP coordinator, refreshed every LB_REFRESH_S of simulated time.
-        self._lb_counts: list[list[int]] = [[0, 0] for _ in replicas]
+        # vLLM's DP load balancer (DPLBAsyncMPClient), one per API server: per-engine
+        # [waiting, running] as last published by the DP coordinator, refreshed every
+        # LB_REFRESH_S of simulated time
+        self._lb_counts: list[list[list[int]]] = [
+            [[0, 0] for _ in replicas] for _ in range(frontend.n if frontend is not None else 1)]
         self._lb_next = 0.0
         self._live: dict[int, Request] = {}  # sent, not yet ended
         # No request is sent before this time but the one being sent now (-inf: unknown; see
@@ -288,26 +290,36 @@ class Client:
         if len(self.replicas) == 1:
             self.replicas[0].add_request(req)
         else:
-            self.replicas[self._route()].add_request(req)
+            server = req.fe[0] if self.frontend is not None and req.fe is not None else 0
+            self.replicas[self._route(server)].add_request(req)
 
-    def _route(self) -> int:
-        """vLLM's DP load balancing (``DPLBAsyncMPClient.get_core_engine_for_request``): the
-        engine with the least ``waiting·4 + running`` in the coordinator's last published
-        counts (every ``LB_REFRESH_S``), scanning from engine 0, first minimum wins; the chosen
-        engine's waiting count is then incremented locally until the next refresh."""
+    def _route(self, server: int = 0) -> int:
+        """vLLM's DP load balancing (``DPLBAsyncMPClient.get_core_engine_for_request``) in API
+        server ``server`` of ``c`` (each holds its own counts): the engine with the least
+        ``waiting·4 + running`` in the coordinator's last published counts (every
+        ``LB_REFRESH_S``), scanning from engine ``num_engines·server // c`` (wrapping), first
+        minimum wins; the chosen engine's waiting count is then raised by ``c`` locally until
+        the next refresh (standing in for the other servers' picks)."""
         now = self.env.now
-        counts = self._lb_counts
+        tables = self._lb_counts
         if now >= self._lb_next:
-            for i, rep_ in enumerate(self.replicas):
-                counts[i][0] = rep_.scheduler.num_waiting
-                counts[i][1] = rep_.scheduler.num_running
+            fresh = [(r.scheduler.num_waiting, r.scheduler.num_running) for r in self.replicas]
+            for counts in tables:
+                for i, (waiting, running) in enumerate(fresh):
+                    counts[i][0], counts[i][1] = waiting, running
             self._lb_next = now + LB_REFRESH_S
-        best, best_score = 0, None
-        for i, (waiting, running) in enumerate(counts):
+        c = len(tables)
+        counts = tables[server]
+        n = len(counts)
+        start = n * server // c
+        best, best_score = start, None
+        for j in range(n):
+            i = (start + j) % n
+            waiting, running = counts[i]
             score = waiting * 4 + running
             if best_score is None or score < best_score:
                 best, best_score = i, score
-        counts[best][0] += 1
+        counts[best][0] += c
         return best
 
     def refill(self) -> None:

@@ -541,6 +541,7 @@ def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
     - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP, and a
       token budget left after one drafting slot per seat (``_set_max_num_scheduled_tokens``).
     - pipeline parallelism with speculative decoding is not modelled (refused).
+    - LoRA with speculative decoding needs max_num_batched_tokens ≥ max_num_seqs · (k + 1).
     - ``lora.max_cpu_loras``: null → ``max_loras``.
     """
     import warnings
@@ -582,5 +583,12 @@ def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
                 f"'draft_tensor_parallel_size' and 'tensor_parallel_size' must be the same. "
                 f"Got {sc.draft_tensor_parallel_size} and {tp}.")
     lc = c.lora
+    if (lc.enable_lora and sc is not None
+            and s.max_num_batched_tokens < s.max_num_seqs * (sc.num_speculative_tokens + 1)):
+        raise ConfigError(  # (EngineArgs.create_engine_config)
+            f"scheduler.max_num_batched_tokens: {s.max_num_batched_tokens} < max_num_seqs "
+            f"({s.max_num_seqs}) x (num_speculative_tokens + 1) with LoRA and speculative "
+            "decoding: consider increasing max_num_batched_tokens or decreasing "
+            "num_speculative_tokens (vLLM)")
     if lc.enable_lora and lc.max_cpu_loras is None:
         lc.max_cpu_loras = lc.max_loras

@@ -375,20 +375,42 @@ def test_logits_rows_include_partial_prefill_chunks():
 
 # -- DPLBAsyncMPClient.get_core_engine_for_request ---------------------------------------------
 
+def _lb_client(num_engines: int, num_servers: int):
+    env = simpy.Environment()
+    scheds = [types.SimpleNamespace(num_waiting=0, num_running=0) for _ in range(num_engines)]
+    client = Client.__new__(Client)
+    client.env = env
+    client.replicas = [types.SimpleNamespace(scheduler=s) for s in scheds]
+    client._lb_counts = [[[0, 0] for _ in scheds] for _ in range(num_servers)]
+    client._lb_next = 0.0
+    return env, scheds, client
+
+
 def test_dp_load_balancer_scans_from_engine_zero_with_local_increments():
     """Score waiting·4 + running over the coordinator's last published counts (refreshed every
-    100 ms), first minimum from engine 0, then the chosen engine's waiting count += 1 locally."""
-    env = simpy.Environment()
-    scheds = [types.SimpleNamespace(num_waiting=0, num_running=0) for _ in range(3)]
-    reps = [types.SimpleNamespace(scheduler=s) for s in scheds]
-    client = Client.__new__(Client)
-    client.env, client.replicas = env, reps
-    client._lb_counts, client._lb_next = [[0, 0] for _ in reps], 0.0
+    100 ms), first minimum from engine 0, then the chosen engine's waiting count += 1 locally
+    (one API server)."""
+    env, scheds, client = _lb_client(3, 1)
     assert [client._route() for _ in range(4)] == [0, 1, 2, 0]
     scheds[0].num_running = 9  # not seen until the next refresh
     assert client._route() == 1
     env.run(until=0.1)
     assert client._route() == 1  # refreshed: engine 0 scores 9, engines 1 and 2 score 0
+
+
+def test_dp_load_balancer_per_api_server():
+    """``DPLBAsyncMPClient`` in each of ``client_count`` API servers: its own counts, the scan
+    starting at ``num_engines · client_index // client_count``, and the local increment
+    ``client_count``. 4 engines, 2 servers, alternating: server 0 from engine 0, server 1
+    from engine 2; each next pick skips the engine it raised by 2 (score 8)."""
+    env, scheds, client = _lb_client(4, 2)
+    assert [client._route(s) for s in (0, 1, 0, 1, 0, 1)] == [0, 2, 1, 3, 2, 0]
+    assert client._lb_counts == [[[2, 0], [2, 0], [2, 0], [0, 0]],
+                                 [[2, 0], [0, 0], [2, 0], [2, 0]]]
+    scheds[1].num_waiting = 5  # published at the next refresh, to both servers
+    env.run(until=0.1)
+    assert client._route(1) == 2 and client._route(0) == 0
+    assert client._lb_counts[0][1] == client._lb_counts[1][1] == [5, 0]
 
 
 # -- TokenizeParams._token_len_check (API server) ---------------------------------------------

@@ -167,6 +167,8 @@ def test_tokenizer_windows_by_hand():
 class _Probe:
     """A frontend that only notes, at each send, the client's ``next_send``."""
 
+    n = 1  # API servers
+
     def __init__(self, env, client_box):
         self.env, self.box, self.seen = env, client_box, []
 

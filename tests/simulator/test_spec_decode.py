@@ -346,6 +346,19 @@ def test_draft_model_budget_must_leave_tokens():
                   "scheduler.max_num_seqs=256", "scheduler.max_num_batched_tokens=256")
 
 
+def test_lora_with_spec_decode_needs_a_budget_for_every_draft():
+    """``EngineArgs.create_engine_config``: LoRA + speculative decoding is refused when
+    max_num_batched_tokens < max_num_seqs · (k + 1): H100 defaults 8192 < 1024 · 9 at k = 8,
+    accepted at k = 7 (8192 = 1024 · 8)."""
+    sets = ["lora.enable_lora=true", "speculative_config.method=eagle",
+            "speculative_config.acceptance={rate: 0.5}"]
+    with pytest.raises(ConfigError, match=r"8192 < max_num_seqs \(1024\) x "
+                       r"\(num_speculative_tokens \+ 1\) with LoRA"):
+        _resolved(*sets, "speculative_config.num_speculative_tokens=8")
+    c = _resolved(*sets, "speculative_config.num_speculative_tokens=7")
+    assert c.scheduler.max_num_batched_tokens == 8192
+
+
 def test_cudagraph_sizes_are_multiples_of_one_plus_k_and_uniform_decode_replays_full():
     """VllmConfig._set_cudagraph_sizes uses decode_query_len = 1 + k for the maximum;
     CompilationConfig.adjust_cudagraph_sizes_for_spec_decode rounds sizes up to multiples of
