@@ -290,8 +290,15 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
+def _error_path(err: dict) -> str:
+    """An error's key path, without the branch names pydantic puts in the path of a plain
+    union (a class or a constrained type)."""
+    return ".".join(str(p) for p in err["loc"]
+                    if not (isinstance(p, str) and (p[:1].isupper() or "-" in p)))
+
+
 def _describe_error(err: dict) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
+    loc = _error_path(err)
     for kind in ("random", "trace", "synthetic", "sessions", "profile"):  # drop the union tag from paths
         loc = loc.replace(f"workload.{kind}.", "workload.")
     typ = err["type"]
@@ -321,7 +328,12 @@ def validate_tree(tree: dict, source: str) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(tree)
     except ValidationError as e:
-        first = e.errors()[0]
+        errors = e.errors()
+        # a value that fits one branch of a union in type but not in range: say what is wrong
+        # with it there, not that it is not of the other branches' types
+        key = _error_path(errors[0])
+        first = next((x for x in errors if _error_path(x).startswith(key)
+                      and not x["type"].endswith(("_type", "_parsing"))), errors[0])
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise ConfigError(f"{source}: {one_line(_describe_error(first), 400)}{more}") from None
 

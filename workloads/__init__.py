@@ -83,7 +83,9 @@ def build_workload(cfg: WorkloadConfig, *, block_size: int,
 
         meta.update(num_prompts=cfg.num_prompts, request_rate=cfg.request_rate,
                     random_input_len=cfg.input_len, random_output_len=cfg.output_len,
-                    random_range_ratio=cfg.range_ratio, random_prefix_len=cfg.prefix_len)
+                    random_range_ratio=(cfg.range_ratio if isinstance(cfg.range_ratio, float)
+                                        else cfg.range_ratio.model_dump()),
+                    random_prefix_len=cfg.prefix_len)
         if cfg.ramp_up_strategy is not None:
             meta.update(ramp_up_strategy=cfg.ramp_up_strategy,
                         ramp_up_start_rps=cfg.ramp_up_start_rps,

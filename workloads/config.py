@@ -131,6 +131,16 @@ class _Arrivals(_Common):
         return self
 
 
+Ratio = Annotated[float, Field(ge=0, lt=1)]
+
+
+class RangeRatios(_Section):
+    """``--random-range-ratio '{"input": r1, "output": r2}'``: separate ratios."""
+
+    input: Ratio
+    output: Ratio
+
+
 class RandomWorkload(_Arrivals):
     """``vllm bench serve --dataset-name random``."""
 
@@ -138,12 +148,19 @@ class RandomWorkload(_Arrivals):
     num_prompts: PositiveInt = 1000
     input_len: int = Field(1024, ge=1, le=MAX_TOKENS)
     output_len: int = Field(128, ge=1, le=MAX_TOKENS)
-    range_ratio: float = Field(0.0, ge=0, lt=1)
+    range_ratio: Ratio | RangeRatios = Field(
+        0.0, description="one ratio for input and output lengths, or {input: r1, output: r2}")
     prefix_len: int = Field(0, ge=0, le=MAX_TOKENS)
+
+    @property
+    def range_ratios(self) -> tuple[float, float]:
+        """(input, output) range ratios (vLLM ``_resolve_range_ratios``)."""
+        r = self.range_ratio
+        return (r.input, r.output) if isinstance(r, RangeRatios) else (r, r)
 
     @model_validator(mode="after")
     def _min_input(self):
-        if self.prefix_len + math.floor(self.input_len * (1 - self.range_ratio)) < 1:
+        if self.prefix_len + math.floor(self.input_len * (1 - self.range_ratios[0])) < 1:
             raise ValueError(
                 "prefix_len + floor(input_len*(1-range_ratio)) must be at least 1 (as in vLLM)"
             )

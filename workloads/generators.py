@@ -40,18 +40,24 @@ MOONCAKE_BASE = 5 << 56
 
 
 def random_len_bounds(input_len: int, output_len: int, range_ratio: float,
-                      num_special_tokens: int = 0) -> tuple[int, int, int, int]:
-    """vLLM ``RandomDataset.get_sampling_params`` bounds (inclusive), tokens.
+                      num_special_tokens: int = 0,
+                      output_range_ratio: float | None = None) -> tuple[int, int, int, int]:
+    """vLLM ``datasets.utils.get_sampling_params`` bounds (inclusive), tokens.
 
-    Current vLLM: low = floor(L·(1−r)), high = ceil(L·(1+r)), output low/high at least 1;
-    L for the input is ``input_len − num_special_tokens`` (0 here: no tokenizer)."""
+    low = floor(L·(1−r)), high = ceil(L·(1+r)), output low/high at least 1, with the input's
+    ratio ``range_ratio`` and the output's ``output_range_ratio`` (default: the same; vLLM's
+    ``{"input": r1, "output": r2}`` form); L for the input is ``input_len −
+    num_special_tokens`` (0 here: no tokenizer)."""
+    r_out = range_ratio if output_range_ratio is None else output_range_ratio
     if not 0.0 <= range_ratio < 1.0:
-        raise ValueError("range_ratio must be in [0, 1).")
+        raise ValueError("input_range_ratio must be in [0, 1).")
+    if not 0.0 <= r_out < 1.0:
+        raise ValueError("output_range_ratio must be in [0, 1).")
     real_input_len = max(0, int(input_len) - num_special_tokens)
     input_low = math.floor(real_input_len * (1 - range_ratio))
     input_high = math.ceil(real_input_len * (1 + range_ratio))
-    output_low = max(math.floor(output_len * (1 - range_ratio)), 1)
-    output_high = max(math.ceil(output_len * (1 + range_ratio)), 1)
+    output_low = max(math.floor(output_len * (1 - r_out)), 1)
+    output_high = max(math.ceil(output_len * (1 + r_out)), 1)
     return input_low, input_high, output_low, output_high
 
 
@@ -76,8 +82,9 @@ def random_requests(cfg: RandomWorkload, block_size: int) -> Iterator[RequestSpe
     for every request, so their ``prefix_len // block_size`` full blocks get the same ids; a
     partial prefix block is unique per request (it also holds the request's own tokens)."""
     n = cfg.num_prompts
-    in_lo, in_hi, out_lo, out_hi = random_len_bounds(cfg.input_len, cfg.output_len,
-                                                     cfg.range_ratio)
+    r_in, r_out = cfg.range_ratios
+    in_lo, in_hi, out_lo, out_hi = random_len_bounds(cfg.input_len, cfg.output_len, r_in,
+                                                     output_range_ratio=r_out)
     if cfg.prefix_len + in_lo < 1:
         raise ValueError("prefix_len + minimum sampled input_len must be at least 1")
     shared = cfg.prefix_len // block_size

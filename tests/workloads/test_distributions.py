@@ -176,6 +176,34 @@ def test_random_len_bounds_inclusive(L, O, r):
         assert_mean(p, (lo + hi) / 2, math.sqrt(((hi - lo + 1) ** 2 - 1) / 12), "input")
 
 
+def test_random_range_ratio_per_side():
+    """``--random-range-ratio '{"input": 0.3, "output": 0.5}'`` (vLLM
+    ``_resolve_range_ratios``): input lengths on [floor(1024·0.7), ceil(1024·1.3)] =
+    [716, 1332], outputs on [64, 192], drawn as vLLM does: all inputs, then all outputs, from
+    one ``default_rng(seed)``."""
+    from servesim.simulator.config import load_config
+
+    cfg = load_config(None, ["workload.range_ratio={input: 0.3, output: 0.5}",
+                             "workload.num_prompts=500", "workload.seed=3"]).workload
+    assert cfg.range_ratios == (0.3, 0.5)
+    reqs = list(build_workload(cfg, block_size=16))
+    rng = np.random.default_rng(3)
+    ins, outs = rng.integers(716, 1333, size=500), rng.integers(64, 193, size=500)
+    assert [r.prompt_len for r in reqs] == ins.tolist()
+    assert [r.output_len for r in reqs] == outs.tolist()
+    assert RandomWorkload(range_ratio=0.25).range_ratios == (0.25, 0.25)
+    with pytest.raises(ValueError, match="output"):
+        RandomWorkload(range_ratio={"input": 0.3, "output": 1.0})
+    with pytest.raises(ValueError, match="output"):
+        RandomWorkload(range_ratio={"input": 0.3})
+    from servesim.simulator.errors import ConfigError
+
+    # the one-line error names the key inside the dict, not the float branch of the union
+    with pytest.raises(ConfigError, match=r"workload.range_ratio.output: input should be less "
+                       r"than 1 \(got 1.5\)"):
+        load_config(None, ["workload.range_ratio={input: 0.3, output: 1.5}"])
+
+
 def test_random_len_bounds_rejects_ratio_one():
     with pytest.raises(ValueError):
         random_len_bounds(100, 10, 1.0)
