@@ -32,6 +32,32 @@ def human_readable_int(value: Any) -> Any:
 # an int field that also takes vLLM's human-readable form ('16k', '16K', '16G')
 HumanInt = Annotated[int, BeforeValidator(human_readable_int)]
 
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(v: Any) -> int:
+    """A byte count: ``8589934592``, vLLM's human-readable ``8G`` (GiB) / ``8g`` (1e9), or
+    with a unit ``8GiB``, ``"8 GB"`` → bytes (int)."""
+    if isinstance(v, bool):
+        raise ValueError(  # noqa: TRY004 (pydantic wants ValueError)
+            "expected a byte count such as 8589934592, '8G' or '8GiB'")
+    if isinstance(v, (int, float)):
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return int(v)
+    x = human_readable_int(v)
+    if isinstance(x, int):
+        return x
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(v))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a byte count such as 8589934592, '8G' or '8GiB', got {v!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+# a byte-count field: bytes, vLLM's '16G' / '16g', or '16GiB' / '16 GB'
+Bytes = Annotated[int, BeforeValidator(parse_bytes)]
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)

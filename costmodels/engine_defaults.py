@@ -121,11 +121,33 @@ def resolved_cudagraph_mode(cfg) -> str:
     return cudagraph_mode(cfg.compilation.cudagraph_mode, getattr(cfg, "optimization_level", 2))
 
 
+def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """The CUDA-graph capture sizes (tokens) of an experiment config, resolved or not; [] when
+    graphs are off (mode NONE, ``enforce_eager``): :func:`capture_sizes` with the config's
+    settings, then, with speculative decoding and FULL decode graphs, rounded to multiples of
+    1 + k (``adjust_cudagraph_sizes_for_spec_decode``)."""
+    mode = resolved_cudagraph_mode(cfg)
+    if mode == "NONE" or cfg.model.enforce_eager:
+        return []
+    comp = cfg.compilation
+    scfg = getattr(cfg, "speculative_config", None)
+    k = scfg.num_speculative_tokens if scfg is not None else 0
+    sizes = capture_sizes(max_num_seqs, max_num_batched_tokens, comp.max_cudagraph_capture_size,
+                          comp.cudagraph_capture_sizes, decode_query_len=1 + k,
+                          interactivity=getattr(cfg, "performance_mode", "") == "interactivity")
+    if k and mode != "PIECEWISE":
+        from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
+
+        sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k, sizes[-1] if sizes else 0)
+    return sizes
+
+
 __all__ = [
     "LEVEL_CUDAGRAPH_MODE",
     "batch_limits",
     "capture_sizes",
     "cudagraph_mode",
+    "cudagraph_sizes",
     "resolved_cudagraph_mode",
     "scheduler_defaults",
     "validate_parallel",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 
 from servesim.costmodels.engine_defaults import (
     _resolved,
-    capture_sizes,
+    cudagraph_sizes,
     resolved_cudagraph_mode,
     validate_parallel,
 )
@@ -159,8 +159,9 @@ class MemoryPlan:
             lines.append(f"Overriding num_gpu_blocks={self.num_gpu_blocks_computed} with "
                          f"num_gpu_blocks_override={self.num_gpu_blocks_override}")
         lines.append(f"# GPU blocks: {self.num_gpu_blocks}, # CPU blocks: 0")
-        where = "counted in the KV budget" if self.cudagraph_in_kv_budget else \
-            "from the (1 - gpu_memory_utilization) headroom"
+        where = ("beside the given KV cache size" if self.kv_cache_memory_bytes is not None
+                 else "counted in the KV budget" if self.cudagraph_in_kv_budget
+                 else "from the (1 - gpu_memory_utilization) headroom")
         lines.append(f"CUDA graph pool ~{self.cudagraph_bytes / g:.2f} GiB ({where})")
         return lines
 
@@ -273,17 +274,11 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     act = max(fwd, sampler)
     comm = co.comm_bytes if tp * pp > 1 else 0
     non_torch = co.non_torch_bytes
-    comp = cfg.compilation
-    mode = resolved_cudagraph_mode(cfg)
-    if cfg.model.enforce_eager or mode == "NONE":
+    sizes = cudagraph_sizes(cfg, seqs, toks)
+    if not sizes:
         graphs = 0
     else:
-        scfg = getattr(cfg, "speculative_config", None)
-        sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
-                              comp.cudagraph_capture_sizes,
-                              decode_query_len=1 + (scfg.num_speculative_tokens if scfg else 0),
-                              interactivity=getattr(cfg, "performance_mode", "") ==
-                              "interactivity")
+        mode = resolved_cudagraph_mode(cfg)
         n_graphs = len(sizes) * (2 if mode == "FULL_AND_PIECEWISE" else 1)
         graphs = n_graphs * co.cudagraph_bytes_per_graph + forward_activation_bytes(
             spec, sizes[-1], tp)
@@ -328,16 +323,17 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     blocks = override if override is not None else computed
     if override is not None or explicit is not None:
         # vLLM sizes the KV tensors from the override or the explicit size without checking
-        # them against the profile; they must still fit beside the weights, or their
-        # allocation fails
+        # them against the profile; they must still fit beside the weights and the CUDA-graph
+        # pool captured after them, or their allocation (or the capture) fails
         key = ("cache.num_gpu_blocks_override" if override is not None
                else "cache.kv_cache_memory_bytes")
-        room = total - weights - non_torch - comm
+        room = total - weights - non_torch - comm - graphs
         if blocks * block_bytes > room:
             raise CapacityError(
                 f"{key}: {blocks} blocks need {blocks * block_bytes / GIB:,.2f} GiB of KV cache, "
                 f"more than the {max(room, 0) / GIB:.2f} GiB left on the GPU beside the model "
-                f"weights ({weights / GIB:.2f} GiB): allocating them fails (CUDA out of memory)")
+                f"weights ({weights / GIB:.2f} GiB) and CUDA graphs ({graphs / GIB:.2f} GiB): "
+                "allocating them fails (CUDA out of memory)")
     return MemoryPlan(
         model=spec.name, hardware=hw.name, tensor_parallel_size=tp, pipeline_parallel_size=pp,
         total_bytes=total, gpu_memory_utilization=util, requested_bytes=requested,

@@ -60,7 +60,7 @@ from servesim.costmodels.batch import BatchShape, OpCost, StepCost
 from servesim.costmodels.calibration import Calibration, load_calibration
 from servesim.costmodels.engine_defaults import (
     _resolved,
-    capture_sizes,
+    cudagraph_sizes,
     resolved_cudagraph_mode,
     validate_parallel,
 )
@@ -492,18 +492,11 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
     pp = cfg.parallel.pipeline_parallel_size
     validate_parallel(spec, tp, pp)
     seqs, toks, _ = _resolved(cfg, hw, spec)
-    comp = cfg.compilation
     # speculative decoding / LoRA: costmodels/spec_decode.py, costmodels/lora.py
     scfg = getattr(cfg, "speculative_config", None)
     k = scfg.num_speculative_tokens if scfg is not None else 0
-    sizes = capture_sizes(seqs, toks, comp.max_cudagraph_capture_size,
-                          comp.cudagraph_capture_sizes, decode_query_len=1 + k,
-                          interactivity=getattr(cfg, "performance_mode", "") == "interactivity")
+    sizes = cudagraph_sizes(cfg, seqs, toks)
     mode = resolved_cudagraph_mode(cfg)
-    if k and mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
-        from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
-
-        sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k, sizes[-1] if sizes else 0)
     cal = load_calibration(cfg.hardware, hw)
     model = StepCostModel(
         spec, hw, tp=tp, pp=pp,

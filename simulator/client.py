@@ -108,6 +108,25 @@ class Parked:
 LB_REFRESH_S = 0.1  # vLLM DPCoordinator: min_stats_update_interval_ms = 100
 
 
+def dp_pick(counts: list[list[int]], server: int, num_servers: int) -> int:
+    """One pick of vLLM's DP load balancer (``DPLBAsyncMPClient.get_core_engine_for_request``)
+    in API server ``server`` of ``num_servers``, on its ``counts`` ([waiting, running] per
+    engine): the least ``waiting·4 + running``, scanning from engine
+    ``len(counts)·server // num_servers`` (wrapping), first minimum wins; the pick's waiting
+    count is raised by ``num_servers`` (standing in for the other servers' picks)."""
+    n = len(counts)
+    start = n * server // num_servers
+    best, best_score = start, None
+    for j in range(n):
+        i = (start + j) % n
+        waiting, running = counts[i]
+        score = waiting * 4 + running
+        if best_score is None or score < best_score:
+            best, best_score = i, score
+    counts[best][0] += num_servers
+    return best
+
+
 class Client:
     """``vllm bench serve`` as a SimPy process: sends, concurrency limit, rejections, sessions."""
 
@@ -117,7 +136,7 @@ class Client:
                  max_request_blocks: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  park_after: int | None = None, control: dict | None = None,
-                 frontend=None):
+                 frontend=None, api_servers: int = 1):
         self.env = env
         # API servers between client and engines (simulator/frontend.py): a sent request
         # reaches an engine through frontend.submit → self._admit.
@@ -141,9 +160,12 @@ class Client:
         # vLLM's DP load balancer (DPLBAsyncMPClient), one per API server: per-engine
         # [waiting, running] as last published by the DP coordinator, refreshed every
         # LB_REFRESH_S of simulated time
+        # (API servers: the frontend's, else ``api_servers`` taking requests in turn)
         self._lb_counts: list[list[list[int]]] = [
-            [[0, 0] for _ in replicas] for _ in range(frontend.n if frontend is not None else 1)]
+            [[0, 0] for _ in replicas]
+            for _ in range(frontend.n if frontend is not None else max(1, api_servers))]
         self._lb_next = 0.0
+        self._lb_turn = 0
         self._live: dict[int, Request] = {}  # sent, not yet ended
         # No request is sent before this time but the one being sent now (-inf: unknown; see
         # _arrivals): the frontend tokenizes a prompt no other can join without window events
@@ -290,7 +312,11 @@ class Client:
         if len(self.replicas) == 1:
             self.replicas[0].add_request(req)
         else:
-            server = req.fe[0] if self.frontend is not None and req.fe is not None else 0
+            if self.frontend is not None and req.fe is not None:
+                server = req.fe[0]
+            else:  # (no API-server model: the servers take requests in turn, as it would)
+                server = self._lb_turn
+                self._lb_turn = (server + 1) % len(self._lb_counts)
             self.replicas[self._route(server)].add_request(req)
 
     def _route(self, server: int = 0) -> int:
@@ -308,19 +334,7 @@ class Client:
                 for i, (waiting, running) in enumerate(fresh):
                     counts[i][0], counts[i][1] = waiting, running
             self._lb_next = now + LB_REFRESH_S
-        c = len(tables)
-        counts = tables[server]
-        n = len(counts)
-        start = n * server // c
-        best, best_score = start, None
-        for j in range(n):
-            i = (start + j) % n
-            waiting, running = counts[i]
-            score = waiting * 4 + running
-            if best_score is None or score < best_score:
-                best, best_score = i, score
-        counts[best][0] += c
-        return best
+        return dp_pick(tables[server], server, len(tables))
 
     def refill(self) -> None:
         """Move parked requests into the engine until it has ``park_after`` waiting."""

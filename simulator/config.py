@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
-from servesim.costmodels.config import HardwareConfig, HumanInt, ModelConfig
+from servesim.costmodels.config import Bytes, HardwareConfig, HumanInt, ModelConfig
 from servesim.simulator.cluster.config import MAX_ENGINES, ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, path_is_file, short_repr
 from servesim.simulator.lora import LoRAConfig
@@ -63,9 +63,10 @@ class CacheConfig(_Section):
     enable_prefix_caching: bool = True
     cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     num_gpu_blocks_override: PositiveInt | None = None
-    kv_cache_memory_bytes: HumanInt | None = Field(
-        None, ge=1, le=2**63 - 1, description="vLLM --kv-cache-memory-bytes: KV cache per GPU (bytes, or "
-        "'16G' = 16 GiB, '16g' = 16e9), instead of what gpu_memory_utilization leaves")
+    kv_cache_memory_bytes: Bytes | None = Field(
+        None, ge=1, le=2**63 - 1, description="vLLM --kv-cache-memory-bytes: KV cache per GPU "
+        "(bytes, '16G' = 16 GiB, '16g' = 16e9, or '16GiB'), instead of what "
+        "gpu_memory_utilization leaves")
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
     kv_offload: KVOffloadConfig | None = Field(
         None, description="CPU KV-offload tier (vLLM OffloadingConnector); omitted when null")
@@ -332,7 +333,7 @@ def validate_tree(tree: dict, source: str) -> ExperimentConfig:
         # a value that fits one branch of a union in type but not in range: say what is wrong
         # with it there, not that it is not of the other branches' types
         key = _error_path(errors[0])
-        first = next((x for x in errors if _error_path(x).startswith(key)
+        first = next((x for x in errors if (_error_path(x) + ".").startswith(key + ".")
                       and not x["type"].endswith(("_type", "_parsing"))), errors[0])
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise ConfigError(f"{source}: {one_line(_describe_error(first), 400)}{more}") from None
@@ -440,6 +441,25 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 # Resolution: vLLM's hardware- and model-dependent defaults
 
 
+def _scheduled_token_budget(c: ExperimentConfig) -> int:
+    """The scheduler's token budget (vLLM ``VllmConfig._set_max_num_scheduled_tokens``):
+    max_num_batched_tokens less one drafting slot per seat for a draft model
+    (``Scheduler.enable_spec_decode`` applies it); refused when nothing is left."""
+    from servesim.costmodels.spec_decode import drafting_slots_per_request
+
+    s, sc = c.scheduler, c.speculative_config
+    if sc is None:
+        return s.max_num_batched_tokens
+    budget = s.max_num_batched_tokens - drafting_slots_per_request(sc.method) * s.max_num_seqs
+    if budget <= 0:
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens: max_num_scheduled_tokens is set to {budget} "
+            "based on the speculative decoding settings, which does not allow any tokens to "
+            "be scheduled. Increase max_num_batched_tokens to accommodate the additional "
+            "draft token slots, or decrease num_speculative_tokens or max_num_seqs (vLLM)")
+    return budget
+
+
 def _check_partial_prefills(s: SchedulerConfig) -> None:
     """vLLM 0.22.1 ``EngineArgs._check_feature_supported``: any max_num_partial_prefills or
     max_long_partial_prefills other than 1 stops the engine at start-up ("Concurrent Partial
@@ -468,7 +488,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
       ``performance_mode``).
     """
     from servesim.costmodels import load_hardware_spec, load_model_spec
-    from servesim.costmodels.engine_defaults import batch_limits, capture_sizes, cudagraph_mode
+    from servesim.costmodels.engine_defaults import batch_limits, cudagraph_mode, cudagraph_sizes
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
@@ -492,11 +512,14 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(
             f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}) must be greater "
             f"than or equal to max_num_seqs ({s.max_num_seqs})")
-    if not s.enable_chunked_prefill and s.max_num_batched_tokens < c.model.max_model_len:
+    budget = _scheduled_token_budget(c)
+    if not s.enable_chunked_prefill and budget < c.model.max_model_len:
+        drafts = (f" less {s.max_num_batched_tokens - budget} draft-model drafting slots"
+                  if budget < s.max_num_batched_tokens else "")
         raise ConfigError(
-            f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}) is smaller than "
-            f"max_model_len ({c.model.max_model_len}) while enable_chunked_prefill is false: "
-            "a long prompt could never be scheduled")
+            f"scheduler.max_num_batched_tokens ({s.max_num_batched_tokens}{drafts}) is smaller "
+            f"than max_model_len ({c.model.max_model_len}) while enable_chunked_prefill is "
+            "false: a long prompt could never be scheduled")
     heads = spec.num_attention_heads
     tp = c.parallel.tensor_parallel_size
     if heads % tp:
@@ -511,15 +534,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     comp.cudagraph_mode = cudagraph_mode(comp.cudagraph_mode, c.optimization_level)
     k = c.speculative_config.num_speculative_tokens if c.speculative_config else 0
     if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
-        sizes = capture_sizes(s.max_num_seqs, s.max_num_batched_tokens,
-                              comp.max_cudagraph_capture_size, comp.cudagraph_capture_sizes,
-                              decode_query_len=1 + k,
-                              interactivity=c.performance_mode == "interactivity")
-        if k and comp.cudagraph_mode != "PIECEWISE":  # FULL decode graphs: multiples of 1 + k
-            from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
-
-            sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k,
-                                                           sizes[-1] if sizes else 0)
+        sizes = cudagraph_sizes(c, s.max_num_seqs, s.max_num_batched_tokens)
         top = sizes[-1] if sizes else 0
         if (comp.cudagraph_capture_sizes is not None and comp.max_cudagraph_capture_size
                 is not None and comp.max_cudagraph_capture_size != top):
@@ -550,19 +565,14 @@ def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
     - ``scheduler.async_scheduling`` (``VllmConfig.__post_init__``): null stays on only for
       EAGLE/EAGLE-3/MTP and ``ngram_gpu`` and turns off (with vLLM's warning) for other
       methods; explicitly true is refused for methods other than those and ``draft_model``.
-    - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP, and a
-      token budget left after one drafting slot per seat (``_set_max_num_scheduled_tokens``).
+    - ``draft_model`` needs ``draft_tensor_parallel_size`` equal to the target's TP.
     - pipeline parallelism with speculative decoding is not modelled (refused).
     - LoRA with speculative decoding needs max_num_batched_tokens ≥ max_num_seqs · (k + 1).
     - ``lora.max_cpu_loras``: null → ``max_loras``.
     """
     import warnings
 
-    from servesim.costmodels.spec_decode import (
-        ASYNC_ALLOWED_METHODS,
-        ASYNC_DEFAULT_METHODS,
-        drafting_slots_per_request,
-    )
+    from servesim.costmodels.spec_decode import ASYNC_ALLOWED_METHODS, ASYNC_DEFAULT_METHODS
 
     sc, s = c.speculative_config, c.scheduler
     if sc is not None:
@@ -579,14 +589,6 @@ def _resolve_spec_decode_and_lora(c: ExperimentConfig) -> None:
                 "scheduler.async_scheduling: Currently, async scheduling is only supported "
                 f"with EAGLE/MTP/Draft Model/NGram GPU kind of speculative decoding, not "
                 f"{m} (vLLM)")
-        budget = s.max_num_batched_tokens - drafting_slots_per_request(m) * s.max_num_seqs
-        if budget <= 0:  # (VllmConfig._set_max_num_scheduled_tokens)
-            raise ConfigError(
-                f"scheduler.max_num_batched_tokens: max_num_scheduled_tokens is set to {budget} "
-                "based on the speculative decoding settings, which does not allow any tokens "
-                "to be scheduled. Increase max_num_batched_tokens to accommodate the "
-                "additional draft token slots, or decrease num_speculative_tokens or "
-                "max_num_seqs (vLLM)")
         tp = c.parallel.tensor_parallel_size
         if (m == "draft_model" and sc.draft_tensor_parallel_size is not None
                 and sc.draft_tensor_parallel_size != tp):

@@ -184,7 +184,9 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                         num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                         max_request_blocks=mem.blocks_per_request,
                         max_concurrency=max_concurrency, on_progress=cb,
-                        park_after=park_after, control=control, frontend=frontend)
+                        park_after=park_after, control=control, frontend=frontend,
+                        api_servers=cfg.frontend.api_server_count
+                        or cfg.parallel.data_parallel_size)
         client_box.append(client)
         if frontend is not None:
             # the client acts on a finish (a free concurrency slot, a stage barrier, a

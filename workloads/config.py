@@ -158,6 +158,12 @@ class RandomWorkload(_Arrivals):
         r = self.range_ratio
         return (r.input, r.output) if isinstance(r, RangeRatios) else (r, r)
 
+    @field_validator("range_ratio")
+    @classmethod
+    def _one_ratio(cls, v):
+        """Equal ratios are the one-ratio form (same run, same config hash)."""
+        return v.input if isinstance(v, RangeRatios) and v.input == v.output else v
+
     @model_validator(mode="after")
     def _min_input(self):
         if self.prefix_len + math.floor(self.input_len * (1 - self.range_ratios[0])) < 1:

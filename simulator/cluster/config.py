@@ -15,30 +15,11 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
-from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.costmodels.config import HardwareConfig, ModelConfig, parse_bytes
 
 # Engines one simulation may hold (data-parallel ranks, or a cluster's instances): each is a
 # scheduler and a block pool (~1 MB of simulator memory per 28k KV blocks).
 MAX_ENGINES = 1024
-
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(v: Any) -> int:
-    """``8589934592``, ``8GiB``, ``"8 GB"`` → bytes (int)."""
-    if isinstance(v, bool):
-        raise ValueError(  # noqa: TRY004 (pydantic wants ValueError)
-            "expected a byte count such as 8589934592 or '8GiB'")
-    if isinstance(v, (int, float)):
-        if v < 0:
-            raise ValueError("must be >= 0")
-        return int(v)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(v))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a byte count such as 8589934592 or '8GiB', got {v!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)

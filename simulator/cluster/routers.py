@@ -22,6 +22,7 @@ import bisect
 from collections import OrderedDict
 from typing import Any, ClassVar
 
+from servesim.simulator.client import dp_pick
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.registry import register_router
 from servesim.simulator.request import Request, stable_int
@@ -87,34 +88,35 @@ class RandomRouter(Router):
 
 @register_router("least_load")
 class LeastLoadRouter(Router):
-    """vLLM's data-parallel load balancer (``DPLBAsyncMPClient.get_core_engine_for_request``):
-    the instance with the least ``waiting·4 + running`` in the counts the DP coordinator
-    published last (every ``refresh_s``, vLLM's 100 ms), scanning from instance 0, first
-    minimum wins; the chosen instance's waiting count is then incremented locally until the
-    next refresh. The same rule as ``client.Client._route`` for ``data_parallel_size``."""
+    """vLLM's data-parallel load balancer (``DPLBAsyncMPClient.get_core_engine_for_request``,
+    :func:`~servesim.simulator.client.dp_pick`, as ``client.Client._route``): the counts the
+    DP coordinator published last (every ``refresh_s``, vLLM's 100 ms), one table per API
+    server (``api_servers``, taking requests in turn; 1 for a router in front of instances).
+    """
 
     name = "least_load"
-    PARAMS: ClassVar[dict[str, Any]] = {"refresh_s": 0.1}
+    PARAMS: ClassVar[dict[str, Any]] = {"refresh_s": 0.1, "api_servers": 1}
 
     def __init__(self, params=None, rng=None):
         super().__init__(params, rng)
-        self._counts: dict[int, list[int]] = {}
+        if not isinstance(self.api_servers, int) or not 1 <= self.api_servers <= 1024:
+            raise ConfigError("cluster router least_load: params.api_servers must be an "
+                              f"integer from 1 to 1024 (got {self.api_servers!r})")
+        self._tables: list[dict[int, list[int]]] = [{} for _ in range(self.api_servers)]
         self._next = 0.0
+        self._turn = 0
 
     def route(self, req, instances, now):
-        counts = self._counts
-        if now >= self._next or any(inst.index not in counts for inst in instances):
-            for inst in instances:
-                counts[inst.index] = [inst.num_waiting, inst.num_running]
+        tables = self._tables
+        if now >= self._next or any(inst.index not in tables[0] for inst in instances):
+            for counts in tables:
+                for inst in instances:
+                    counts[inst.index] = [inst.num_waiting, inst.num_running]
             self._next = now + self.refresh_s
-        best, best_score = 0, None
-        for i, inst in enumerate(instances):
-            waiting, running = counts[inst.index]
-            score = waiting * 4 + running
-            if best_score is None or score < best_score:
-                best, best_score = i, score
-        counts[instances[best].index][0] += 1
-        return best
+        server = self._turn
+        self._turn = (server + 1) % len(tables)
+        rows = [tables[server][inst.index] for inst in instances]
+        return dp_pick(rows, server, len(tables))
 
 
 @register_router("power_of_two")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 from servesim.simulator.client import Client
-from servesim.simulator.cluster.config import ClusterConfig, InstanceGroup, group_tree
+from servesim.simulator.cluster.config import ClusterConfig, InstanceGroup, RouterConfig, group_tree
 from servesim.simulator.cluster.disagg import (
     DecodeConnector,
     KVLink,
@@ -271,9 +271,11 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
     from servesim.simulator.config import validate_tree
 
     cl = cfg.cluster
-    if cl is None:
+    if cl is None:  # (vLLM's balancer runs in each of the API servers)
         g = InstanceGroup(name="engine", replicas=cfg.parallel.data_parallel_size)
-        cl = ClusterConfig(instances=[g])
+        servers = cfg.frontend.api_server_count or cfg.parallel.data_parallel_size
+        cl = ClusterConfig(instances=[g], router=RouterConfig(
+            policy="least_load", params={"api_servers": servers}))
     base = cfg.dump_tree(mode="python")
     base.pop("cluster", None)
     out = []

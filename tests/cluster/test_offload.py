@@ -87,13 +87,19 @@ def test_lru_and_arc_policies():
 
 
 def test_cpu_bytes_accepts_units():
-    from servesim.simulator.cluster.config import parse_bytes
+    """One byte parser for cache.kv_offload.cpu_bytes and cache.kv_cache_memory_bytes: unit
+    words, and vLLM's one-letter forms (upper case binary, lower case decimal)."""
+    from servesim.costmodels.config import parse_bytes
+    from servesim.simulator.config import load_config
 
-    assert parse_bytes("8GiB") == 8 << 30
-    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes("8GiB") == parse_bytes("8G") == 8 << 30
+    assert parse_bytes("1.5 GB") == parse_bytes("1.5g") == 1_500_000_000
     assert parse_bytes(1024) == 1024
     with pytest.raises(ValueError):
         parse_bytes("8 parsecs")
+    c = load_config(None, ["cache.kv_cache_memory_bytes=16GiB",
+                           "cache.kv_offload={cpu_bytes: 4G}"]).cache
+    assert (c.kv_cache_memory_bytes, c.kv_offload.cpu_bytes) == (16 << 30, 4 << 30)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

@@ -139,3 +139,27 @@ def test_least_load_is_vllm_dp_balancer_with_local_increments():
     insts[0].num_waiting = 0
     assert router.route(req(9), insts, 0.05) == 2  # 8,8,4: not refreshed before 100 ms
     assert router.route(req(10), insts, 0.1) == 0  # refreshed: counts 0, 0, 0
+
+
+def test_least_load_per_api_server_for_dp_engines():
+    """``api_servers: 2`` (a DP engine set with cache.kv_offload, vLLM's balancer in each API
+    server, taking requests in turn): the same picks as ``Client._route`` — 4 engines, from
+    engines 0 and 2, increments of 2 — [0, 2, 1, 3, 2, 0] (test_conformance_v022)."""
+    router = LeastLoadRouter({"api_servers": 2}, None)
+    insts = [FakeInstance(i) for i in range(4)]
+    assert [router.route(req(k), insts, 0.0) for k in range(6)] == [0, 2, 1, 3, 2, 0]
+    with pytest.raises(ConfigError, match="api_servers must be an integer from 1 to 1024"):
+        LeastLoadRouter({"api_servers": 0}, None)
+
+
+def test_dp_with_kv_offload_routes_per_api_server():
+    """A single engine config with DP 2 and cache.kv_offload runs as a cluster of 2; its
+    router is vLLM's balancer with one table per API server (api_server_count = DP)."""
+    from servesim.simulator.cluster.runner import _groups
+    from servesim.simulator.config import load_config, resolve_config
+
+    cfg = resolve_config(load_config(None, ["parallel.data_parallel_size=2",
+                                            "cache.kv_offload={cpu_bytes: 4GiB}"]))
+    cl, groups = _groups(cfg)
+    assert (cl.router.policy, cl.router.params) == ("least_load", {"api_servers": 2})
+    assert groups[0][0].replicas == 2

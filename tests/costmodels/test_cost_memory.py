@@ -68,15 +68,19 @@ def test_kv_cache_memory_bytes_sets_the_kv_cache_whatever_the_utilization():
     text = "\n".join(p.log_lines())
     assert "Reserved 16.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes" in text
     assert "Maximum concurrency for 131,072 tokens per request: 1.00x" in text
+    assert "CUDA graph pool ~0.45 GiB (beside the given KV cache size)" in text
     p = plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=16G",
                              "cache.num_gpu_blocks_override=1000"))
     assert (p.num_gpu_blocks, p.num_gpu_blocks_computed) == (1000, 8192)
     # 2.5e9 bytes // 2 MiB = 1,192 blocks = 19,072 tokens < one 131,072-token request
     with pytest.raises(CapacityError, match="estimated maximum model length is 19072"):
         plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=2.5g"))
-    # more than the device holds beside the weights: 79.15 − 14.99 − 0.15 = 64.01 GiB
+    # more than the device holds beside the weights and the CUDA-graph pool (51 sizes × 2 ×
+    # 4 MiB + 512 tokens × (3·4096 + 3·14336) × 2 B = 0.45 GiB): 79.15 − 14.99 − 0.15 − 0.45
+    # = 63.56 GiB
     with pytest.raises(CapacityError, match=r"cache.kv_cache_memory_bytes: 51200 blocks need "
-                       r"100.00 GiB of KV cache, more than the 64.01 GiB left"):
+                       r"100.00 GiB of KV cache, more than the 63.56 GiB left on the GPU beside "
+                       r"the model weights \(14.99 GiB\) and CUDA graphs \(0.45 GiB\)"):
         plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=100G"))
 
 

@@ -413,6 +413,28 @@ def test_dp_load_balancer_per_api_server():
     assert client._lb_counts[0][1] == client._lb_counts[1][1] == [5, 0]
 
 
+@pytest.mark.parametrize("frontend", [True, False])
+def test_dp_requests_route_through_their_api_servers_balancer(monkeypatch, frontend):
+    """End to end, DP = 2 (so 2 API servers by default): each request is routed by the
+    balancer of the API server that took it (the frontend's round robin; without the
+    frontend model, the servers in turn), one count table per server."""
+    from servesim.simulator.runner import run_experiment
+
+    seen = []
+    route = Client._route
+
+    def spy(self, server=0):
+        seen.append((server, len(self._lb_counts)))
+        return route(self, server)
+
+    monkeypatch.setattr(Client, "_route", spy)
+    run_experiment(load_config(None, [
+        "parallel.data_parallel_size=2", "workload.num_prompts=40", "workload.request_rate=50",
+        "workload.input_len=64", "workload.output_len=4", f"frontend.enable={str(frontend).lower()}"]))
+    assert len(seen) == 40 and {n for _, n in seen} == {2}
+    assert [srv for srv, _ in seen].count(0) == [srv for srv, _ in seen].count(1) == 20
+
+
 # -- TokenizeParams._token_len_check (API server) ---------------------------------------------
 
 def _reject(prompt_len, output_len, ignore_eos, mml=4096):

@@ -338,12 +338,23 @@ def test_draft_model_budget_leaves_a_drafting_slot_per_seat(method, budget):
 
 
 def test_draft_model_budget_must_leave_tokens():
+    """In vLLM's order: max_num_batched_tokens ≥ max_num_seqs first (``SchedulerConfig``),
+    then a budget left after the drafting slots, then (chunked prefill off) a budget of at
+    least max_model_len."""
+    sets = ["speculative_config.method=draft_model", "speculative_config.model=llama-3.2-1b",
+            "speculative_config.num_speculative_tokens=2",
+            "speculative_config.acceptance={rate: 0.5}", "scheduler.max_num_seqs=256"]
+    with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):
+        _resolved(*sets, "scheduler.max_num_batched_tokens=100")
     with pytest.raises(ConfigError, match="max_num_scheduled_tokens is set to 0 based on the "
                        "speculative decoding settings"):
-        _resolved("speculative_config.method=draft_model", "speculative_config.model=llama-3.2-1b",
-                  "speculative_config.num_speculative_tokens=2",
-                  "speculative_config.acceptance={rate: 0.5}",
-                  "scheduler.max_num_seqs=256", "scheduler.max_num_batched_tokens=256")
+        _resolved(*sets, "scheduler.max_num_batched_tokens=256")
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(4096 less 256 draft-model "
+                       r"drafting slots\) is smaller than max_model_len \(4000\)"):
+        _resolved(*sets, "scheduler.max_num_batched_tokens=4096", "model.max_model_len=4000",
+                  "scheduler.enable_chunked_prefill=false")
+    _resolved(*sets, "scheduler.max_num_batched_tokens=4256", "model.max_model_len=4000",
+              "scheduler.enable_chunked_prefill=false")
 
 
 def test_lora_with_spec_decode_needs_a_budget_for_every_draft():

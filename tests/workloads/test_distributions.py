@@ -192,6 +192,7 @@ def test_random_range_ratio_per_side():
     assert [r.prompt_len for r in reqs] == ins.tolist()
     assert [r.output_len for r in reqs] == outs.tolist()
     assert RandomWorkload(range_ratio=0.25).range_ratios == (0.25, 0.25)
+    assert RandomWorkload(range_ratio={"input": 0.25, "output": 0.25}).range_ratio == 0.25
     with pytest.raises(ValueError, match="output"):
         RandomWorkload(range_ratio={"input": 0.3, "output": 1.0})
     with pytest.raises(ValueError, match="output"):
