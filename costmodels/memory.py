@@ -40,7 +40,7 @@ from servesim.costmodels.specs import (
     load_hardware_spec,
     load_model_spec,
 )
-from servesim.simulator.errors import CapacityError, ConfigError
+from servesim.simulator.errors import CapacityError
 
 MIB = 1 << 20
 
@@ -241,11 +241,7 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     pp = cfg.parallel.pipeline_parallel_size
     validate_parallel(spec, tp, pp)
     seqs, toks, mml = _resolved(cfg, hw, spec)
-    if mml > spec.max_position_embeddings:
-        raise ConfigError(
-            f"model.max_model_len={mml} is greater than the model's max_position_embeddings="
-            f"{spec.max_position_embeddings} ({spec.name})"
-        )
+    spec.max_len.check(mml, f"model.max_model_len={mml} ({spec.name})")
     wf = resolve_weight_format(cfg.model, spec, hw)
     util = cfg.cache.gpu_memory_utilization
     total = hw.memory_bytes

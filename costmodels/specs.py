@@ -273,6 +273,14 @@ class ModelSpec:
     weight_block_size: tuple[int, int] | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
+    # -- context length --------------------------------------------------------------------------
+
+    @property
+    def max_len(self) -> MaxLen:
+        """The context limits vLLM derives from this config.json (:func:`derive_max_len`)."""
+        return derive_max_len(self.raw or {"max_position_embeddings":
+                                            self.max_position_embeddings})
+
     # -- structure -----------------------------------------------------------------------------
 
     @property
@@ -397,6 +405,74 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return 4 if self.torch_dtype == "float32" else 2
+
+
+# config.json keys that bound the context, the smallest present wins (vLLM
+# ``ModelArchConfigConvertor.derive_max_model_len_and_key``)
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                 "model_max_length", "max_target_positions", "max_sequence_length",
+                 "max_seq_length", "seq_len")
+
+
+@dataclass(frozen=True)
+class MaxLen:
+    """vLLM's context limits for a model (tokens): ``derived`` (the largest max_model_len
+    allowed), from config key ``key``; ``default`` (max_model_len when unset); the config's
+    own ``model_max_length`` (a larger user value up to it is allowed too)."""
+
+    derived: int
+    key: str
+    default: int
+    model_max_length: int | None = None
+
+    def check(self, max_model_len: int, where: str) -> None:
+        """vLLM's refusal of a longer max_model_len (without VLLM_ALLOW_LONG_MAX_MODEL_LEN)."""
+        if max_model_len <= self.derived or (
+                self.model_max_length is not None and max_model_len <= self.model_max_length):
+            return
+        raise ConfigError(
+            f"{where}: User-specified max_model_len ({max_model_len}) is greater than the "
+            f"derived max_model_len ({self.key}={self.derived} or model_max_length="
+            f"{self.model_max_length} in model's config.json) (vLLM refuses it without "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+
+
+def derive_max_len(d: dict) -> MaxLen:
+    """vLLM 0.22.1 ``_get_and_verify_max_len`` on config.json fields ``d`` (no tokenizer
+    config, sliding window kept): the smallest of :data:`_MAX_LEN_KEYS` present
+    (``model_max_length`` wins when set; 2048 when none is), times the RoPE scaling factor
+    (``rope_parameters`` / ``rope_scaling``) unless the type is ``llama3``, ``longrope`` or
+    ``su`` (their lengths are already scaled) or the model is Gemma 3; ``yarn`` scales its
+    ``original_max_position_embeddings``. Unset max_model_len: the derived value, or
+    ``original_max_position_embeddings`` for LongRoPE."""
+    derived, key = math.inf, "max_position_embeddings"
+    for k in _MAX_LEN_KEYS:
+        v = d.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < derived:
+            derived, key = v, k
+    mml = d.get("model_max_length")
+    if isinstance(mml, (int, float)) and not isinstance(mml, bool) and mml:
+        derived, key = mml, "model_max_length"
+    if derived == math.inf:
+        derived = 2048
+    rope = d.get("rope_parameters") or d.get("rope_scaling")
+    longrope = False
+    if isinstance(rope, dict) and "gemma3" not in str(d.get("model_type", "")):
+        layers = rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope \
+            else [rope]
+        factor = 1.0
+        for rp in layers:
+            rtype = rp.get("rope_type") or rp.get("type") or "default"
+            longrope = longrope or rtype == "longrope"
+            if rtype not in ("su", "longrope", "llama3"):
+                factor = rp.get("factor", factor)
+                if rtype == "yarn" and rp.get("original_max_position_embeddings"):
+                    derived = rp["original_max_position_embeddings"]
+        derived *= factor if isinstance(factor, (int, float)) and factor else 1.0
+    default = int(d.get("original_max_position_embeddings", derived)) if longrope \
+        else int(derived)
+    return MaxLen(int(derived), key, default,
+                  int(mml) if isinstance(mml, (int, float)) and mml else None)
 
 
 _REQUIRED_MODEL_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")

@@ -475,7 +475,8 @@ def _check_partial_prefills(s: SchedulerConfig) -> None:
 def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """Fill the defaults vLLM derives at start-up; return a new, fully concrete config.
 
-    - ``model.max_model_len``: the model's ``max_position_embeddings`` (vLLM's default); a
+    - ``model.max_model_len``: what vLLM derives from the config.json (``max_position_embeddings``
+      and the other length keys, RoPE scaling: ``costmodels.specs.derive_max_len``); a
       larger value is refused, like vLLM without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``.
     - ``scheduler.max_num_seqs`` / ``max_num_batched_tokens``: ``vllm serve`` defaults — 1024 /
       8192 on GPUs with >= 70 GiB that are not A100s (H100, H200, MI300X, B200), else 256 / 2048
@@ -493,13 +494,11 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
     c = cfg.model_copy(deep=True)
-    mpe = spec.max_position_embeddings
+    lim = spec.max_len
     if c.model.max_model_len is None:
-        c.model.max_model_len = mpe
-    elif c.model.max_model_len > mpe:
-        raise ConfigError(
-            f"model.max_model_len: {c.model.max_model_len} is larger than the model's "
-            f"max_position_embeddings ({mpe})")
+        c.model.max_model_len = lim.default
+    else:
+        lim.check(c.model.max_model_len, "model.max_model_len")
     s = c.scheduler
     s.max_num_seqs, s.max_num_batched_tokens = batch_limits(
         hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,

@@ -54,6 +54,63 @@ def test_resolution_errors():
                                           "scheduler.max_num_seqs=128"]))
 
 
+@pytest.mark.parametrize("fields, derived, default", [
+    # plain: max_position_embeddings
+    ({"max_position_embeddings": 32768}, 32768, 32768),
+    # YaRN (Qwen2.5's long-context recipe): original_max_position_embeddings × factor
+    ({"max_position_embeddings": 32768, "rope_scaling": {
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+     131072, 131072),
+    # linear scaling: × factor; the same under transformers v5's rope_parameters
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}},
+     8192, 8192),
+    ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "linear",
+                                                           "factor": 2.0}}, 8192, 8192),
+    # llama3 / longrope lengths are already scaled; LongRoPE defaults to the original length
+    ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3",
+                                                          "factor": 8.0}}, 131072, 131072),
+    ({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+      "rope_scaling": {"type": "longrope", "short_factor": [1.0]}}, 131072, 4096),
+    # Gemma 3's length is already scaled
+    ({"model_type": "gemma3_text", "max_position_embeddings": 131072,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, 131072, 131072),
+    # the smallest length key wins; none at all: 2048
+    ({"max_position_embeddings": 4096, "seq_length": 2048}, 2048, 2048),
+    ({"n_positions": 1024}, 1024, 1024),
+    ({}, 2048, 2048),
+])
+def test_derived_max_model_len_as_vllm(fields, derived, default):
+    """vLLM 0.22.1 ``_get_and_verify_max_len`` (``model_arch_config_convertor``'s length
+    keys): the length a config.json allows and the one an unset max_model_len takes."""
+    from servesim.costmodels.specs import derive_max_len
+
+    lim = derive_max_len(fields)
+    assert (lim.derived, lim.default) == (derived, default)
+
+
+def test_yarn_config_json_allows_its_scaled_length(tmp_path):
+    """A drop-in config.json with YaRN scaling: max_model_len defaults to, and may be set up
+    to, 4 × 32,768; beyond, vLLM's refusal; model_max_length widens what may be set."""
+    hf = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+          "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
+          "num_hidden_layers": 24, "vocab_size": 151936, "max_position_embeddings": 32768,
+          "rope_scaling": {"type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 32768}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf))
+    assert resolve_config(load_config(None, [f"model.name={path}"])).model.max_model_len == \
+        131072
+    with pytest.raises(ConfigError, match=r"User-specified max_model_len \(131073\) is greater "
+                       r"than the derived max_model_len \(max_position_embeddings=131072"):
+        resolve_config(load_config(None, [f"model.name={path}", "model.max_model_len=131073"]))
+    path.write_text(json.dumps({**hf, "rope_scaling": None, "model_max_length": 65536}))
+    # a config's model_max_length, when set, is the length (vLLM's rule for Command-R)
+    c = resolve_config(load_config(None, [f"model.name={path}", "model.max_model_len=40000"]))
+    assert c.model.max_model_len == 40000
+    assert resolve_config(load_config(None, [f"model.name={path}"])).model.max_model_len == \
+        65536
+
+
 def test_hf_config_json_drop_in(tmp_path):
     hf = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
