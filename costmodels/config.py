@@ -59,6 +59,16 @@ def parse_bytes(v: Any) -> int:
 Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 
 
+def _dtype(v: Any) -> Any:
+    """vLLM's ``--dtype`` spellings: ``half`` is float16; float32 weights are not modelled."""
+    if v == "half":
+        return "float16"
+    if v in ("float", "float32"):
+        raise ValueError("float32 weights and activations are not modelled (the cost model "
+                         "is for 16-bit and quantized weights); use auto, bfloat16 or float16")
+    return v
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -74,7 +84,8 @@ class ModelConfig(_Section):
     max_model_len: HumanInt | None = Field(
         None, ge=1, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
         "default: the model's max_position_embeddings")
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    dtype: Annotated[Literal["auto", "bfloat16", "float16"], BeforeValidator(_dtype)] = Field(
+        "auto", description="vLLM --dtype: auto, bfloat16, float16 (or half)")
     quantization: Literal["none", "fp8", "int8", "int4-awq", "int4-gptq"] = "none"
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
 
