@@ -40,6 +40,28 @@ def batch_limits(hw: HardwareSpec, max_num_seqs: int | None, max_num_batched_tok
     return seqs, toks
 
 
+def kv_block_size(spec: ModelSpec, hw: HardwareSpec, cache_dtype: str = "auto") -> int:
+    """vLLM 0.22.1's KV block size (tokens) when ``--block-size`` is unset: 16
+    (``CacheConfig.DEFAULT_BLOCK_SIZE``), unless the attention backend it selects
+    (``CudaPlatform`` priorities, first valid) does not take 16 and prefers its smallest size
+    (``Platform._find_non_ssm_backend`` → ``get_preferred_block_size``). That happens for MLA
+    models only:
+
+    - Blackwell (compute capability 10.x): FlashInfer-MLA (qk_nope_head_dim 64, 128 or 192;
+      sizes 32, 64) → 32; else CUTLASS-MLA (128) → 128;
+    - Hopper (9.x): FlashAttention-MLA (16-bit KV only; multiples of 16) → 16; with an fp8 KV
+      cache FlashMLA (64) → 64;
+    - other GPUs: Triton-MLA (multiples of 16) → 16. Non-MLA backends take 16 everywhere."""
+    cc = hw.compute_capability
+    if not spec.is_mla or cc is None:
+        return 16
+    if int(cc) == 10:
+        return 32 if spec.qk_nope_head_dim in (64, 128, 192) else 128
+    if int(cc) == 9 and cache_dtype.startswith("fp8"):
+        return 64
+    return 16
+
+
 # -O / --optimization-level → the CUDA-graph mode it sets when none is given
 # (vLLM ``OPTIMIZATION_LEVEL_00`` .. ``_03``)
 LEVEL_CUDAGRAPH_MODE = {0: "NONE", 1: "PIECEWISE", 2: "FULL_AND_PIECEWISE", 3: "FULL_AND_PIECEWISE"}
@@ -148,6 +170,7 @@ __all__ = [
     "capture_sizes",
     "cudagraph_mode",
     "cudagraph_sizes",
+    "kv_block_size",
     "resolved_cudagraph_mode",
     "scheduler_defaults",
     "validate_parallel",

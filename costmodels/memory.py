@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from servesim.costmodels.engine_defaults import (
     _resolved,
     cudagraph_sizes,
+    kv_block_size,
     resolved_cudagraph_mode,
     validate_parallel,
 )
@@ -286,7 +287,7 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         available = requested - weights - act - non_torch - comm
         if co.cudagraph_in_kv_budget:
             available -= graphs
-    bs = cfg.cache.block_size
+    bs = cfg.cache.block_size or kv_block_size(spec, hw, cfg.cache.cache_dtype)
     per_token = spec.kv_bytes_per_token(kvb, tp, pp) + draft_kv
     block_bytes = bs * per_token
     if available <= 0:

@@ -76,6 +76,9 @@ class HardwareSpec:
     link_bw_gbps: float = 32.0
     link_latency_us: float = 10.0
     pcie_bw_gbps: float = 32.0
+    # CUDA compute capability (9.0 Hopper, 10.0 Blackwell, ...; None: not a CUDA GPU): which
+    # attention backend vLLM picks (``costmodels.engine_defaults.kv_block_size``)
+    compute_capability: float | None = None
     description: str = ""
     file: str | None = None
     source: dict = field(default_factory=dict, compare=False)
@@ -184,6 +187,12 @@ def load_hardware_spec(hw_cfg: HardwareConfig) -> HardwareSpec:
             raise ConfigError(f"{where}: hardware.{k} must be a positive number, got {v!r}")
     if "num_sms" in kw:
         kw["num_sms"] = int(kw["num_sms"])
+    cc = merged.get("compute_capability")
+    if cc is not None:
+        if isinstance(cc, bool) or not isinstance(cc, (int, float)) or cc <= 0:
+            raise ConfigError(f"{file or 'hardware'}: compute_capability must be a positive "
+                              f"number such as 9.0, got {cc!r}")
+        kw["compute_capability"] = float(cc)
     return HardwareSpec(**kw)
 
 

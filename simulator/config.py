@@ -56,7 +56,9 @@ def omit_defaults(section: dict, name: str) -> dict:
 
 
 class CacheConfig(_Section):
-    block_size: PositiveInt = Field(16, description="Tokens per KV block")
+    block_size: PositiveInt | None = Field(
+        None, description="Tokens per KV block; null = vLLM's: 16, or what an MLA model's "
+        "attention backend prefers (32 on Blackwell, 64 on Hopper with an fp8 KV cache)")
     gpu_memory_utilization: float = Field(
         0.92, gt=0, le=1, description="vLLM --gpu-memory-utilization (0.92: vLLM 0.22.1's default; "
         "older releases: 0.9)")
@@ -482,6 +484,8 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
       8192 on GPUs with >= 70 GiB that are not A100s (H100, H200, MI300X, B200), else 256 / 2048
       (ecosystem-formats.md §3), adjusted as vLLM's ``arg_utils`` does
       (:func:`~servesim.costmodels.engine_defaults.batch_limits`).
+    - ``cache.block_size``: null → 16, or an MLA backend's preferred size
+      (:func:`~servesim.costmodels.engine_defaults.kv_block_size`).
     - ``scheduler.async_scheduling``: null → true (vLLM ``VllmConfig``: on for generation
       models on the default executors).
     - ``compilation``: the CUDA-graph mode (unset: as ``optimization_level`` sets it; none at
@@ -489,7 +493,12 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
       ``performance_mode``).
     """
     from servesim.costmodels import load_hardware_spec, load_model_spec
-    from servesim.costmodels.engine_defaults import batch_limits, cudagraph_mode, cudagraph_sizes
+    from servesim.costmodels.engine_defaults import (
+        batch_limits,
+        cudagraph_mode,
+        cudagraph_sizes,
+        kv_block_size,
+    )
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
@@ -499,6 +508,8 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         c.model.max_model_len = lim.default
     else:
         lim.check(c.model.max_model_len, "model.max_model_len")
+    if c.cache.block_size is None:
+        c.cache.block_size = kv_block_size(spec, hw, c.cache.cache_dtype)
     s = c.scheduler
     s.max_num_seqs, s.max_num_batched_tokens = batch_limits(
         hw, s.max_num_seqs, s.max_num_batched_tokens, c.model.max_model_len,

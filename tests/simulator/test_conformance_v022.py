@@ -343,6 +343,27 @@ def test_partial_prefills_other_than_one_are_refused(key):
     assert c.scheduler.long_prefill_token_threshold == 0
 
 
+@pytest.mark.parametrize("hardware, sets, block", [
+    ("b200", [], 32),  # FlashInfer-MLA: sizes 32, 64
+    ("h200-sxm", [], 16),  # FlashAttention-MLA: multiples of 16
+    ("h200-sxm", ["cache.cache_dtype=fp8"], 64),  # FlashAttention-MLA takes no fp8 KV: FlashMLA
+    ("a100-sxm4-80gb", [], 16),  # Triton-MLA
+    ("b200", ["cache.block_size=64"], 64),  # --block-size given: kept
+])
+def test_mla_block_size_is_the_attention_backends(hardware, sets, block):
+    """``Platform._find_non_ssm_backend`` → ``get_preferred_block_size``: an unset block
+    size is 16 unless the selected backend (``CudaPlatform`` MLA priorities by compute
+    capability) does not take 16, then its smallest size. DeepSeek-V3 (qk_nope_head_dim 128)."""
+    c = _resolved("model.name=deepseek-v3", "model.quantization=fp8",
+                  "parallel.tensor_parallel_size=8", f"hardware.name={hardware}", *sets)
+    assert c.cache.block_size == block
+
+
+def test_non_mla_block_size_is_16_on_every_gpu():
+    for hw in ("b200", "h100-sxm", "a100-sxm4-80gb", "mi300x"):
+        assert _resolved(f"hardware.name={hw}").cache.block_size == 16
+
+
 def test_vllm_default_flags_leave_the_config_hash_alone():
     """``optimization_level: 2`` and ``performance_mode: balanced`` are vLLM's defaults: written
     or not, the resolved config dumps (and hashes) the same, without the two keys."""
