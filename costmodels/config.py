@@ -83,7 +83,8 @@ class ModelConfig(_Section):
     )
     max_model_len: HumanInt | None = Field(
         None, ge=1, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
-        "default: the model's max_position_embeddings")
+        "default: what vLLM derives from the config.json (max_position_embeddings, RoPE "
+        "scaling)")
     dtype: Annotated[Literal["auto", "bfloat16", "float16"], BeforeValidator(_dtype)] = Field(
         "auto", description="vLLM --dtype: auto, bfloat16, float16 (or half)")
     quantization: Literal["none", "fp8", "int8", "int4-awq", "int4-gptq"] = "none"

@@ -51,9 +51,17 @@ def kv_block_size(spec: ModelSpec, hw: HardwareSpec, cache_dtype: str = "auto") 
       sizes 32, 64) → 32; else CUTLASS-MLA (128) → 128;
     - Hopper (9.x): FlashAttention-MLA (16-bit KV only; multiples of 16) → 16; with an fp8 KV
       cache FlashMLA (64) → 64;
-    - other GPUs: Triton-MLA (multiples of 16) → 16. Non-MLA backends take 16 everywhere."""
+    - other GPUs, or an MLA head size (kv_lora_rank + qk_rope_head_dim) other than 320 or 576
+      that only Triton-MLA serves: multiples of 16 → 16.
+
+    Non-MLA backends take 16 everywhere. No MLA backend takes an fp8_e5m2 KV cache: vLLM
+    finds no attention backend and stops (refused here)."""
+    if spec.is_mla and cache_dtype == "fp8_e5m2":
+        raise ConfigError(
+            f"cache.cache_dtype: fp8_e5m2: no MLA attention backend of vLLM 0.22.1 takes it "
+            f"for {spec.name} (No valid attention backend found); use fp8 (fp8_e4m3) or auto")
     cc = hw.compute_capability
-    if not spec.is_mla or cc is None:
+    if not spec.is_mla or cc is None or spec.kv_lora_rank + spec.qk_rope_head_dim not in (320, 576):
         return 16
     if int(cc) == 10:
         return 32 if spec.qk_nope_head_dim in (64, 128, 192) else 128

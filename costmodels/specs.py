@@ -288,7 +288,7 @@ class ModelSpec:
     def max_len(self) -> MaxLen:
         """The context limits vLLM derives from this config.json (:func:`derive_max_len`)."""
         return derive_max_len(self.raw or {"max_position_embeddings":
-                                            self.max_position_embeddings})
+                                            self.max_position_embeddings}, self.source)
 
     # -- structure -----------------------------------------------------------------------------
 
@@ -446,42 +446,52 @@ class MaxLen:
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
 
 
-def derive_max_len(d: dict) -> MaxLen:
+def derive_max_len(d: dict, source: str = "config.json") -> MaxLen:
     """vLLM 0.22.1 ``_get_and_verify_max_len`` on config.json fields ``d`` (no tokenizer
     config, sliding window kept): the smallest of :data:`_MAX_LEN_KEYS` present
     (``model_max_length`` wins when set; 2048 when none is), times the RoPE scaling factor
-    (``rope_parameters`` / ``rope_scaling``) unless the type is ``llama3``, ``longrope`` or
-    ``su`` (their lengths are already scaled) or the model is Gemma 3; ``yarn`` scales its
-    ``original_max_position_embeddings``. Unset max_model_len: the derived value, or
-    ``original_max_position_embeddings`` for LongRoPE."""
+    (``rope_scaling``, transformers v5's ``rope_parameters``) unless the type is ``llama3``,
+    ``longrope`` or ``su`` (their lengths are already scaled) or the model is Gemma 3;
+    ``yarn`` scales its ``original_max_position_embeddings``. Unset max_model_len: the
+    derived value, or ``original_max_position_embeddings`` for LongRoPE (``su``)."""
+
+    def number(key: str, v: Any, whole: bool = True) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or v <= 0 or (whole and v != int(v)):
+            kind = "a positive whole number" if whole else "a positive number"
+            raise ConfigError(f"{source}: {key} must be {kind}, got {v!r}")
+        return v
+
     derived, key = math.inf, "max_position_embeddings"
     for k in _MAX_LEN_KEYS:
-        v = d.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < derived:
-            derived, key = v, k
+        if d.get(k) is not None and number(k, d[k]) < derived:
+            derived, key = d[k], k
     mml = d.get("model_max_length")
-    if isinstance(mml, (int, float)) and not isinstance(mml, bool) and mml:
-        derived, key = mml, "model_max_length"
+    if mml is not None:
+        derived, key = number("model_max_length", mml), "model_max_length"
     if derived == math.inf:
         derived = 2048
-    rope = d.get("rope_parameters") or d.get("rope_scaling")
+    rope = d.get("rope_scaling") or d.get("rope_parameters")
     longrope = False
-    if isinstance(rope, dict) and "gemma3" not in str(d.get("model_type", "")):
-        layers = rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope \
-            else [rope]
+    if isinstance(rope, dict) and rope and "gemma3" not in str(d.get("model_type", "")):
+        nested = all(isinstance(v, dict) for v in rope.values())
         factor = 1.0
-        for rp in layers:
+        for rp in (rope.values() if nested else [rope]):
             rtype = rp.get("rope_type") or rp.get("type") or "default"
-            longrope = longrope or rtype == "longrope"
+            longrope = longrope or rtype in ("longrope", "su")
             if rtype not in ("su", "longrope", "llama3"):
-                factor = rp.get("factor", factor)
-                if rtype == "yarn" and rp.get("original_max_position_embeddings"):
-                    derived = rp["original_max_position_embeddings"]
-        derived *= factor if isinstance(factor, (int, float)) and factor else 1.0
-    default = int(d.get("original_max_position_embeddings", derived)) if longrope \
-        else int(derived)
-    return MaxLen(int(derived), key, default,
-                  int(mml) if isinstance(mml, (int, float)) and mml else None)
+                if rp.get("factor") is not None:
+                    factor = number("rope_scaling.factor", rp["factor"], whole=False)
+                if rtype == "yarn":
+                    orig = rp.get("original_max_position_embeddings",
+                                  d.get("original_max_position_embeddings"))
+                    if orig is not None:
+                        derived = number("original_max_position_embeddings", orig)
+        derived *= factor
+    default = derived
+    if longrope and d.get("original_max_position_embeddings") is not None:
+        default = number("original_max_position_embeddings", d["original_max_position_embeddings"])
+    return MaxLen(int(derived), key, int(default), int(mml) if mml is not None else None)
 
 
 _REQUIRED_MODEL_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")

@@ -58,7 +58,8 @@ def omit_defaults(section: dict, name: str) -> dict:
 class CacheConfig(_Section):
     block_size: PositiveInt | None = Field(
         None, description="Tokens per KV block; null = vLLM's: 16, or what an MLA model's "
-        "attention backend prefers (32 on Blackwell, 64 on Hopper with an fp8 KV cache)")
+        "attention backend takes (32 on Blackwell, 64 on Hopper with an fp8 KV cache; "
+        "costmodels.engine_defaults.kv_block_size)")
     gpu_memory_utilization: float = Field(
         0.92, gt=0, le=1, description="vLLM --gpu-memory-utilization (0.92: vLLM 0.22.1's default; "
         "older releases: 0.9)")

@@ -44,6 +44,7 @@ or put it in the user calibration directory as ``<gpu>.yaml``.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -422,7 +423,12 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
         seed: int = 0, max_evals: int = 500, progress=None) -> FitResult:
     """Fit :data:`PARAMS` (minus ``fix``, plus ``scale_<family>`` for ``scales``) to the
     measured files; ``holdout``: fraction of the files kept out (seeded), or ``holdout_files``."""
-    from servesim.simulator.config import apply_overrides, load_yaml
+    from servesim.simulator.config import (
+        apply_overrides,
+        load_yaml,
+        resolve_config,
+        validate_tree,
+    )
 
     for f in scales:
         if f not in SCALE_FAMILIES:
@@ -446,7 +452,8 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
     tree = load_yaml(config)
     if overrides:
         tree = apply_overrides(tree, overrides)
-    block = int((tree.get("cache") or {}).get("block_size", 16))
+    # (the block size the replayed engine uses: vLLM's default for this model and GPU if unset)
+    block = resolve_config(validate_tree(copy.deepcopy(tree), str(config))).cache.block_size
     tmp = tempfile.TemporaryDirectory(prefix="servesim-fit-")
     try:
         folder = Path(tmp.name)

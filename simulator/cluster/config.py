@@ -178,10 +178,21 @@ def resolve_cluster(raw, resolved) -> None:
 
     base = raw.dump_tree(mode="python")
     base.pop("cluster", None)
+    trees = [group_tree(base, g) for g in raw.cluster.instances]
+    where = [f"cluster.instances[{i}] ({g.name})" for i, g in enumerate(raw.cluster.instances)]
+    cfgs = [resolve_config(validate_tree(t, w)) for t, w in zip(trees, where)]
+    # Groups left at vLLM's default KV block size on different GPUs (an MLA model's backend
+    # takes 32 on Blackwell, 64 on Hopper with fp8 KV, else 16) share the largest: every one
+    # of those backends takes it (multiples of 16, or 32 and 64), and prefix ids are per block.
+    unset = [(t.get("cache") or {}).get("block_size") is None for t in trees]
+    sizes = {c.cache.block_size for c in cfgs}
+    if len(sizes) > 1 and all(unset):
+        for t in trees:
+            t.setdefault("cache", {})["block_size"] = max(sizes)
+        cfgs = [resolve_config(validate_tree(t, w)) for t, w in zip(trees, where)]
     shared = None
-    for i, (g_raw, g_res) in enumerate(zip(raw.cluster.instances, resolved.cluster.instances)):
-        tree = group_tree(base, g_raw)
-        cfg = resolve_config(validate_tree(tree, f"cluster.instances[{i}] ({g_raw.name})"))
+    for i, (g_raw, g_res, cfg) in enumerate(zip(raw.cluster.instances,
+                                                resolved.cluster.instances, cfgs)):
         key = (cfg.cache.block_size, cfg.model.max_model_len)
         if shared is None:
             shared = key

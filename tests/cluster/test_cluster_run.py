@@ -187,3 +187,18 @@ def test_unset_cache_extension_keys_stay_out_of_the_groups_and_the_hash():
     sized = resolve_config(load_config(path, ["cache.kv_cache_memory_bytes=20G"]))
     assert [g.cache["kv_cache_memory_bytes"] for g in sized.cluster.instances] == \
         [20 * 2**30] * len(sized.cluster.instances)
+
+
+def test_mla_groups_on_different_gpus_share_the_largest_default_block_size():
+    """DeepSeek-V3 prefill on H200 (vLLM's FlashAttention-MLA: block 16) and decode on B200
+    (FlashInfer-MLA: 32), block size unset: both groups use 32, which both backends take
+    (prefix ids are per block); a block size the config sets is kept (and must match)."""
+    tree = {"model": {"name": "deepseek-v3", "quantization": "fp8", "max_model_len": 32768},
+            "hardware": {"name": "h200-sxm"}, "parallel": {"tensor_parallel_size": 8},
+            "cluster": {"instances": [
+                {"name": "prefill", "role": "prefill"},
+                {"name": "decode", "role": "decode", "hardware": {"name": "b200"}}]}}
+    cfg = cfg_of(tree)
+    assert [g.cache["block_size"] for g in cfg.cluster.instances] == [32, 32]
+    tree["cache"] = {"block_size": 64}
+    assert [g.cache["block_size"] for g in cfg_of(tree).cluster.instances] == [64, 64]

@@ -84,6 +84,11 @@ def test_resolution_errors():
     ({"max_position_embeddings": 4096, "seq_length": 2048}, 2048, 2048),
     ({"n_positions": 1024}, 1024, 1024),
     ({}, 2048, 2048),
+    # legacy "su" is LongRoPE; YaRN may give its original length at the top level
+    ({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+      "rope_scaling": {"type": "su", "short_factor": [1.0]}}, 131072, 4096),
+    ({"max_position_embeddings": 32768, "original_max_position_embeddings": 8192,
+      "rope_scaling": {"type": "yarn", "factor": 2.0}}, 16384, 16384),
 ])
 def test_derived_max_model_len_as_vllm(fields, derived, default):
     """vLLM 0.22.1 ``_get_and_verify_max_len`` (``model_arch_config_convertor``'s length
@@ -92,6 +97,22 @@ def test_derived_max_model_len_as_vllm(fields, derived, default):
 
     lim = derive_max_len(fields)
     assert (lim.derived, lim.default) == (derived, default)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"model_max_length": float("inf")}, "model_max_length must be a positive whole number"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive whole number"),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": -2}},
+     "rope_scaling.factor must be a positive number"),
+    ({"max_position_embeddings": 4096, "rope_scaling": {
+        "type": "yarn", "factor": 4, "original_max_position_embeddings": "4096"}},
+     "original_max_position_embeddings must be a positive whole number, got '4096'"),
+])
+def test_derived_max_len_refuses_odd_config_values(fields, says):
+    from servesim.costmodels.specs import derive_max_len
+
+    with pytest.raises(ConfigError, match=says):
+        derive_max_len(fields, "x/config.json")
 
 
 def test_yarn_config_json_allows_its_scaled_length(tmp_path):

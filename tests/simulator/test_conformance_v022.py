@@ -359,6 +359,16 @@ def test_mla_block_size_is_the_attention_backends(hardware, sets, block):
     assert c.cache.block_size == block
 
 
+def test_mla_fp8_e5m2_kv_has_no_backend():
+    """Every MLA backend lists auto / 16-bit / fp8 / fp8_e4m3 KV only: vLLM stops with "No
+    valid attention backend found"."""
+    from servesim.simulator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fp8_e5m2: no MLA attention backend"):
+        _resolved("model.name=deepseek-v3", "model.quantization=fp8", "hardware.name=b200",
+                  "parallel.tensor_parallel_size=8", "cache.cache_dtype=fp8_e5m2")
+
+
 def test_non_mla_block_size_is_16_on_every_gpu():
     for hw in ("b200", "h100-sxm", "a100-sxm4-80gb", "mi300x"):
         assert _resolved(f"hardware.name={hw}").cache.block_size == 16
