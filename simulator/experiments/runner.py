@@ -16,6 +16,9 @@ which says how many points are kept on disk (``--resume`` starts from there).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +27,25 @@ from typing import Any, Self
 from servesim.simulator.experiments.executors import Executor, Outcome, open_executor
 from servesim.simulator.experiments.points import Point
 from servesim.simulator.experiments.store import PointStore
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """A SIGINT arriving inside the block takes effect (the handler that was installed runs)
+    when the block ends (main thread only: elsewhere handlers cannot be swapped)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda sig, frame: caught.append(sig))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if caught and callable(old):
+        old(signal.SIGINT, None)
+    elif caught and old == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 class Interrupted(KeyboardInterrupt):
@@ -99,8 +121,11 @@ class ExperimentRun:
             yield tag, out
 
     def save(self, p: Point, record: dict) -> None:
-        self.store.save(p, record)
-        self.kept += 1
+        """Write ``p``'s record and count it as kept, with Ctrl-C held back in between: the
+        count an interruption reports is then the count on disk."""
+        with _ctrl_c_deferred():
+            self.store.save(p, record)
+            self.kept += 1
         self.progress()
 
     def save_failure(self, p: Point, record: dict) -> Path:
