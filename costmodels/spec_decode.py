@@ -64,13 +64,15 @@ def num_lookahead_tokens(method: str, k: int) -> int:
     return k if method in MODEL_METHODS else 0
 
 
-def drafting_slots_per_request(method: str) -> int:
-    """vLLM ``SpeculativeConfig.max_num_new_slots_for_drafting`` per request: one for a
-    separate draft model (its proposer adds a slot per request to the batch; the scheduler's
-    token budget, ``VllmConfig._set_max_num_scheduled_tokens``, is max_num_batched_tokens −
-    this · max_num_seqs), none for the other methods (parallel drafting, which would add
-    k − 1, belongs to methods servesim does not model)."""
-    return 1 if method == "draft_model" else 0
+def max_num_scheduled_tokens(method: str | None, max_num_batched_tokens: int,
+                             max_num_seqs: int) -> int:
+    """The scheduler's token budget (vLLM ``VllmConfig._set_max_num_scheduled_tokens``):
+    max_num_batched_tokens less ``SpeculativeConfig.max_num_new_slots_for_drafting`` per
+    seat: one for a separate draft model (its proposer adds a slot per request to the batch),
+    none for the other methods or without speculative decoding (parallel drafting, which would
+    add k − 1, belongs to methods servesim does not model)."""
+    slots = 1 if method == "draft_model" else 0
+    return max_num_batched_tokens - slots * max_num_seqs
 
 
 def adjust_cudagraph_sizes_for_spec_decode(sizes: list[int], uniform_decode_query_len: int,

@@ -448,12 +448,11 @@ def _scheduled_token_budget(c: ExperimentConfig) -> int:
     """The scheduler's token budget (vLLM ``VllmConfig._set_max_num_scheduled_tokens``):
     max_num_batched_tokens less one drafting slot per seat for a draft model
     (``Scheduler.enable_spec_decode`` applies it); refused when nothing is left."""
-    from servesim.costmodels.spec_decode import drafting_slots_per_request
+    from servesim.costmodels.spec_decode import max_num_scheduled_tokens
 
     s, sc = c.scheduler, c.speculative_config
-    if sc is None:
-        return s.max_num_batched_tokens
-    budget = s.max_num_batched_tokens - drafting_slots_per_request(sc.method) * s.max_num_seqs
+    budget = max_num_scheduled_tokens(sc.method if sc is not None else None,
+                                      s.max_num_batched_tokens, s.max_num_seqs)
     if budget <= 0:
         raise ConfigError(
             f"scheduler.max_num_batched_tokens: max_num_scheduled_tokens is set to {budget} "

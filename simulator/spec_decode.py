@@ -53,11 +53,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
-from servesim.costmodels.spec_decode import (
-    METHODS,
-    drafting_slots_per_request,
-    num_lookahead_tokens,
-)
+from servesim.costmodels.spec_decode import METHODS, num_lookahead_tokens
 from servesim.simulator.errors import TraceError
 
 SpecMethod = Literal["ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp", "draft_model",
@@ -304,7 +300,6 @@ class SpecDecoding:
         self.method = scfg.method
         self.num_spec_tokens = scfg.num_speculative_tokens
         self.num_lookahead_tokens = num_lookahead_tokens(self.method, self.num_spec_tokens)
-        self.drafting_slots = drafting_slots_per_request(self.method)
         self.acceptance = build_acceptance(scfg)
         self._u = _Uniforms(rng)
 

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from typing import Any, ClassVar
 
 from servesim.simulator.client import dp_pick
+from servesim.simulator.cluster.config import MAX_ENGINES
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.registry import register_router
 from servesim.simulator.request import Request, stable_int
@@ -99,9 +100,9 @@ class LeastLoadRouter(Router):
 
     def __init__(self, params=None, rng=None):
         super().__init__(params, rng)
-        if not isinstance(self.api_servers, int) or not 1 <= self.api_servers <= 1024:
+        if not isinstance(self.api_servers, int) or not 1 <= self.api_servers <= MAX_ENGINES:
             raise ConfigError("cluster router least_load: params.api_servers must be an "
-                              f"integer from 1 to 1024 (got {self.api_servers!r})")
+                              f"integer from 1 to {MAX_ENGINES} (got {self.api_servers!r})")
         self._tables: list[dict[int, list[int]]] = [{} for _ in range(self.api_servers)]
         self._next = 0.0
         self._turn = 0
