@@ -19,3 +19,19 @@ def test_shipped_config_validates_and_runs(path):
     assert plan_memory(cfg).num_gpu_blocks > 0
     r = run_experiment(cfg, resolved=True)
     assert (r.requests["finished_reason"] != "rejected").all()
+
+
+def test_every_python_folder_is_in_the_wheel():
+    """A non-editable install (``pip install .``, a Ray worker's) ships only the packages that
+    pyproject lists: every folder with an ``__init__.py`` under a mapped top-level folder must
+    be one (``simulator/cluster`` was missing, so cluster configs failed outside editable
+    installs)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {name + "".join("." + part for part in init.parent.relative_to(root / folder).parts)
+             for name, folder in setup["package-dir"].items()
+             for init in (root / folder).rglob("__init__.py")}
+    assert sorted(found - set(setup["packages"])) == []
+    assert "servesim.simulator.cluster" in found
