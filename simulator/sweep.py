@@ -56,6 +56,7 @@ from typing import Any
 from servesim.simulator import config
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.experiments import ExperimentRun, Point, PointStore, content_hash, fmt_rate
+from servesim.simulator.experiments.points import inputs_hash
 from servesim.simulator.experiments.store import (
     HOST_TIMING_KEYS,
     LEADING_COLUMNS,
@@ -114,6 +115,7 @@ class SweepSpec:
     rate_labels: dict[tuple[str, float | None], str] = field(default_factory=dict)
     profile_sweep: dict | None = None  # GuideLLM-style sweep (see module doc)
     profile_rates: dict[str, list[float]] = field(default_factory=dict)  # arm -> derived rates
+    _hashes: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def override_keys(self) -> list[str]:
@@ -172,8 +174,13 @@ class SweepSpec:
         return sorted(out, key=SweepPoint.sort_key)
 
     def point_hash(self, p: SweepPoint) -> str:
-        """Hash of everything that defines the point (base tree, overrides, rate, seed)."""
-        return content_hash(self.base_tree, [list(o) for o in p.overrides], p.rate, p.seed)
+        """Hash of everything that defines the point: base tree, overrides, rate, seed and
+        :func:`inputs_hash` of its tree (the code, defaults, specs and files it resolves to)."""
+        raw = content_hash(self.base_tree, [list(o) for o in p.overrides], p.rate, p.seed)
+        if raw not in self._hashes:  # (resolving takes ~1 ms; summaries ask again)
+            tree = build_tree(self.base_tree, p.overrides, p.seed, p.rate)
+            self._hashes[raw] = content_hash(raw, inputs_hash(tree))
+        return self._hashes[raw]
 
 
 def _parse_rate(v: Any, where: str) -> float:

@@ -3,15 +3,19 @@
 Both experiment kinds are made of points: a sweep's arm × rate × seed grid, a plan's
 (candidate, rate, seed) probes. A point is stored at ``SERVE-<arm>-BENCH-<rate>/run=<seed>.json``
 (``vllm bench sweep``'s layout; the plan's "arm" is its candidate) and identified for
-``--resume`` by a content hash of everything that defines it.
+``--resume`` by a content hash of everything that defines it: its raw tree and
+:func:`inputs_hash` (code, resolved defaults, specs and file contents).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from servesim.simulator.errors import ServesimError
@@ -60,3 +64,84 @@ def one_line(e: BaseException) -> str:
     if isinstance(e, ServesimError):
         return msg or type(e).__name__
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def inputs_hash(tree: dict) -> str:
+    """16 hex digits identifying what a point's result depends on beyond its raw tree: the
+    servesim code and shipped files (:func:`code_hash`), the config as resolved (defaults
+    filled in: a default that changed between versions changes it), the model and GPU specs
+    read (a drop-in config.json included) and the bytes of every calibration and trace file
+    it reads. A tree that does not validate hashes its error (the point then fails)."""
+    from dataclasses import asdict
+
+    from servesim.costmodels.calibration import calibration_paths
+    from servesim.costmodels.specs import load_hardware_spec, load_model_spec
+    from servesim.simulator.config import resolve_config, validate_tree
+
+    try:
+        cfg = resolve_config(validate_tree(copy.deepcopy(tree), "point"))
+        parts: list = [code_hash(), cfg.dump_tree(mode="json")]
+        for g in [cfg] + list(cfg.cluster.instances if cfg.cluster else []):
+            model, hw = getattr(g, "model", None), getattr(g, "hardware", None)
+            if model is not None:
+                parts.append(asdict(load_model_spec(model)))
+            if hw is not None:
+                spec = load_hardware_spec(hw)
+                parts += [asdict(spec), [file_hash(p) for p in calibration_paths(hw, spec)]]
+        parts.append([file_hash(Path(p)) for p in _trace_paths(parts[1].get("workload"))])
+    except ServesimError as e:
+        parts = [code_hash(), "invalid", one_line(e)]
+    return content_hash(*parts)
+
+
+def _trace_paths(node: Any) -> list[str]:
+    """Every ``path`` value under a workload dump (trace, session and profile files)."""
+    if isinstance(node, dict):
+        out = [node["path"]] if isinstance(node.get("path"), str) else []
+        return out + [p for k, v in node.items() if k != "path" for p in _trace_paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in _trace_paths(v)]
+    return []
+
+
+_file_hashes: dict[tuple, str] = {}
+
+
+def file_hash(path: Path) -> str:
+    """SHA-256 (16 hex digits) of a file's bytes, cached per path, size and mtime; "missing"
+    when it is not a readable file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return f"missing:{path}"
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _file_hashes:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        except OSError:
+            return f"missing:{path}"
+        _file_hashes[key] = h.hexdigest()[:16]
+    return _file_hashes[key]
+
+
+@functools.cache
+def code_hash() -> str:
+    """SHA-256 (16 hex digits) of the installed servesim package's source and shipped data
+    files (``*.py``, ``*.yaml``, ``*.json``): results from other code are not reused."""
+    from importlib.util import find_spec
+
+    h = hashlib.sha256()
+    for name in CODE_PACKAGES:
+        root = Path(next(iter(find_spec(f"servesim.{name}").submodule_search_locations)))
+        for p in sorted(q for ext in ("*.py", "*.yaml", "*.json") for q in root.rglob(ext)
+                        if not any(part.startswith((".", "__pycache__"))
+                                   for part in q.relative_to(root).parts)):
+            h.update(f"{name}/{p.relative_to(root).as_posix()}\0{file_hash(p)}".encode())
+    return h.hexdigest()[:16]
+
+
+# The servesim.<folder> packages (pyproject's package-dir), without importing them.
+CODE_PACKAGES = ("simulator", "costmodels", "kernels", "workloads", "reports", "configs")

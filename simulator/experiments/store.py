@@ -9,7 +9,8 @@ Every file is written atomically (temp file in the same folder, fsync, ``os.repl
 interruption leaves either the old file or the new one, never half of one (a SIGKILL between
 the two can leave the hidden temp file: the next run on the folder removes it). A record carries
 the content hash of its point's definition under ``hash_key``; ``load`` returns it only when that
-hash matches, so ``--resume`` reuses exactly the points whose definition did not change.
+hash matches, so ``--resume`` reuses exactly the points whose definition did not change (the
+hash covers what the point resolves to: :func:`~.points.inputs_hash`).
 Summaries hold no host-dependent keys (``VOLATILE_KEYS``), so a resumed experiment writes the
 same bytes as an uninterrupted one.
 """

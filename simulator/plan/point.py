@@ -14,14 +14,26 @@ import warnings
 
 import numpy as np
 from servesim.simulator.experiments import content_hash
+from servesim.simulator.experiments.points import inputs_hash
 from servesim.simulator.experiments.store import HOST_TIMING_KEYS
 from servesim.simulator.plan.slo import point_metrics
 from servesim.simulator.plan.spec import PlanSLO, get_path, set_path
 
 
 def point_hash(tree: dict, rate: float, seed: int, slo: dict) -> str:
-    """Identity of a simulated point (config tree, rate, seed, SLO) for ``--resume``."""
-    return content_hash(tree, float(rate), int(seed), slo)
+    """Identity of a simulated point for ``--resume``: config tree, rate, seed, SLO and
+    :func:`inputs_hash` of the tree it runs (the code, defaults, specs and files it resolves
+    to)."""
+    return content_hash(tree, float(rate), int(seed), slo,
+                        inputs_hash(point_tree(tree, rate, seed)))
+
+
+def point_tree(tree: dict, rate: float, seed: int) -> dict:
+    """The tree a point runs: ``tree`` at offered ``rate`` (:func:`rate_key`) and ``seed``."""
+    t = copy.deepcopy(tree)
+    set_path(t, rate_key(t), float(rate))
+    set_path(t, "workload.seed", int(seed))
+    return t
 
 
 def resolve_tree(tree: dict, source: str):
@@ -67,9 +79,7 @@ def evaluate_point(tree: dict, rate: float, seed: int, slo: dict, cand: str) -> 
     from servesim.simulator.config import resolve_config, validate_tree
     from servesim.simulator.runner import run_experiment
 
-    t = copy.deepcopy(tree)
-    set_path(t, rate_key(t), float(rate))
-    set_path(t, "workload.seed", int(seed))
+    t = point_tree(tree, rate, seed)
     cfg = resolve_config(validate_tree(t, f"plan point {cand} @ {rate} req/s"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -213,6 +213,23 @@ def test_resume_reuses_finished_points(tmp_path):
     assert len(_CALLS) > 3
 
 
+def test_resume_reruns_points_of_other_code(tmp_path, monkeypatch):
+    """Same plan, other servesim code (``code_hash``: a default or a formula changed): no
+    point is reused."""
+    from servesim.simulator.experiments import points
+
+    spec = _spec(search={"hardware": ["h100-sxm"]})
+    _CALLS.clear()
+    run_plan(spec, tmp_path, tmp_path, evaluate=_counting_eval, fit_check=synthetic_fit,
+             quiet=True, write_report=False)
+    n = len(_CALLS)
+    monkeypatch.setattr(points, "code_hash", lambda: "another version")
+    _CALLS.clear()
+    run_plan(spec, tmp_path, tmp_path, evaluate=_counting_eval, fit_check=synthetic_fit,
+             quiet=True, write_report=False, resume=True)
+    assert len(_CALLS) == n
+
+
 def test_tolerance_defaults():
     t = PlanTolerance()
     assert t.rel_width == 0.05

@@ -228,3 +228,48 @@ def test_bootstrap_intervals_written_to_ab_csv(tmp_path):
     by = {(x["arm"], x["seed"]): x["mean_ttft_ms"] for x in out.rows if x["request_rate"] == 1}
     d = [by[("small", s)] - by[("big", s)] for s in (0, 1, 2)]
     assert (r["diff"], r["ci_low"], r["ci_high"]) == mean_ci(d, method="bootstrap")
+
+
+def test_resume_reruns_points_whose_resolved_inputs_changed(tmp_path, monkeypatch):
+    """The spec is the same, but what its points resolve to is not: a drop-in config.json
+    edited, a user calibration file added, other servesim code (a default or a formula
+    changed). Such points are rerun, not reused (their hash covered only the raw tree)."""
+    from servesim.simulator.experiments import points
+
+    model = tmp_path / "m" / "config.json"
+    model.parent.mkdir()
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "torch_dtype": "bfloat16", "hidden_size": 1024, "intermediate_size": 4096,
+           "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 4,
+           "vocab_size": 1000, "max_position_embeddings": 8192}
+    model.write_text(json.dumps(cfg))
+    monkeypatch.setenv("SERVESIM_CALIBRATION_DIR", str(tmp_path / "cal"))
+    s = spec2(base={**BASE, "model": {"name": str(model)}}, request_rates=[1])
+    out = tmp_path / "out"
+
+    def resumed():
+        return run_sweep(parse_spec(s, "sw.yaml"), out, point_fn=fake_point, jobs=1,
+                         resume=True)
+
+    assert run_sweep(parse_spec(s, "sw.yaml"), out, point_fn=fake_point, jobs=1).num_run == 6
+    assert (resumed().num_run, resumed().num_skipped) == (0, 6)
+    model.write_text(json.dumps({**cfg, "num_hidden_layers": 8}))
+    assert resumed().num_run == 6
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "a100-sxm4-80gb.yaml").write_text("gpu: a100-sxm4-80gb\n")
+    assert resumed().num_run == 6
+    assert resumed().num_run == 0
+    monkeypatch.setattr(points, "code_hash", lambda: "another version")
+    assert resumed().num_run == 6
+    assert resumed().num_run == 0
+
+
+def test_inputs_hash_sees_resolved_defaults_not_spelling():
+    """Two spellings of one resolved config hash alike; a value equal to a default only when
+    unset (gpu_memory_utilization 0.92 written out) hashes as the unset tree; 0.9 does not."""
+    from servesim.simulator.experiments.points import inputs_hash
+
+    base = {"workload": {"num_prompts": 5}}
+    assert inputs_hash(base) == inputs_hash({**base, "cache": {"gpu_memory_utilization": 0.92}})
+    assert inputs_hash(base) != inputs_hash({**base, "cache": {"gpu_memory_utilization": 0.9}})
+    assert inputs_hash({"model": {"name": "nope"}}) != inputs_hash({"model": {"name": "nop"}})
