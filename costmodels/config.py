@@ -69,6 +69,28 @@ def _dtype(v: Any) -> Any:
     return v
 
 
+# vLLM ``--quantization`` names (vllm/model_executor/layers/quantization/__init__.py, 0.22.1)
+# → servesim's weight formats. AWQ/GPTQ and their Marlin kernels are W4A16 (the checkpoint's
+# bits and group size are read from its quantization_config); the online fp8 shorthands and
+# FBGEMM/ModelOpt FP8 checkpoints are W8A8 fp8.
+WEIGHT_FORMATS = ("none", "fp8", "int8", "int4-awq", "int4-gptq")
+QUANTIZATION_ALIASES = {
+    "awq": "int4-awq", "awq_marlin": "int4-awq",
+    "gptq": "int4-gptq", "gptq_marlin": "int4-gptq", "auto_gptq": "int4-gptq",
+    "fp8_per_tensor": "fp8", "fp8_per_block": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8",
+}
+
+
+def _quantization(v: Any) -> Any:
+    """vLLM's ``--quantization`` spellings (:data:`QUANTIZATION_ALIASES`); null is none."""
+    if v is None:
+        return "none"
+    if isinstance(v, str) and v not in WEIGHT_FORMATS and v not in QUANTIZATION_ALIASES:
+        raise ValueError(f"expected {', '.join(WEIGHT_FORMATS)} or vLLM's "
+                         f"{', '.join(QUANTIZATION_ALIASES)} (others are not modelled)")
+    return QUANTIZATION_ALIASES.get(v, v) if isinstance(v, str) else v
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -87,7 +109,11 @@ class ModelConfig(_Section):
         "scaling)")
     dtype: Annotated[Literal["auto", "bfloat16", "float16"], BeforeValidator(_dtype)] = Field(
         "auto", description="vLLM --dtype: auto, bfloat16, float16 (or half)")
-    quantization: Literal["none", "fp8", "int8", "int4-awq", "int4-gptq"] = "none"
+    quantization: Annotated[Literal["none", "fp8", "int8", "int4-awq", "int4-gptq"],
+                            BeforeValidator(_quantization)] = Field(
+        "none", description="Weight format: none (checkpoint's own), fp8, int8, int4-awq, "
+        "int4-gptq, or vLLM's --quantization name (awq, awq_marlin, gptq, gptq_marlin, "
+        "auto_gptq, fbgemm_fp8, modelopt, fp8_per_tensor, fp8_per_block)")
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
 
 

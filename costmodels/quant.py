@@ -5,8 +5,10 @@
   checkpoint has ``weight_block_size``); fp8 tensor rate **only** on GPUs with ``fp8_tflops``
   (Ada/Hopper+); elsewhere vLLM runs weight-only FP8 Marlin: bytes saved, bf16 FLOP rate.
 - int8 (W8A8 SmoothQuant): 1 byte/param; int8 tensor rate where the GPU has ``int8_tops``.
-- int4 AWQ/GPTQ (W4A16, group 128): 0.5 + 2/128 = 0.515625 bytes/param (fp16 scale per group
-  of 128); matmul stays bf16 after in-register dequant, so no FLOP-rate gain.
+- AWQ/GPTQ (W4A16, or W8A16 for an 8-bit GPTQ checkpoint): bits/8 + 2/group bytes/param
+  (one fp16 scale per group; bits and ``group_size`` from the checkpoint's quantization_config,
+  default 4 and 128: 0.515625; group -1 is one scale per output channel, ~0); matmul stays
+  bf16 after in-register dequant, so no FLOP-rate gain.
 - KV cache: ``auto`` = model dtype (2 bytes), ``fp8*`` = 1 byte.
 """
 
@@ -22,7 +24,7 @@ from servesim.costmodels.specs import HardwareSpec, ModelSpec
 class WeightFormat:
     """How decoder linear weights are stored and multiplied."""
 
-    name: str  # bf16 | fp16 | fp8 | int8 | int4-awq | int4-gptq
+    name: str  # bf16 | fp16 | fp8 | int8 | int4-awq | int4-gptq | int8-gptq (W8A16)
     bytes_per_param: float  # bytes per weight element, scales included
     compute: str  # tensor-core path actually used: "bf16" | "fp8" | "int8"
     note: str = ""
@@ -32,6 +34,20 @@ INT4_GROUP = 128
 INT4_BYTES = 0.5 + 2 / INT4_GROUP  # 4-bit weight + one fp16 scale per 128 weights
 
 
+def _wna16_bytes(spec: ModelSpec) -> tuple[int, float]:
+    """(bits, bytes per weight) of a W4A16/W8A16 checkpoint: ``bits``/8 + one fp16 scale per
+    ``group_size`` weights (-1: per output channel, one per ``hidden_size`` weights)."""
+    qc = spec.raw.get("quantization_config") or {}
+    qc = qc if isinstance(qc, dict) else {}
+    bits = qc.get("bits", qc.get("w_bit", 4))
+    group = qc.get("group_size", qc.get("q_group_size", INT4_GROUP))
+    bits = bits if bits in (4, 8) else 4
+    if not isinstance(group, int) or isinstance(group, bool) or group == 0 or group < -1:
+        group = INT4_GROUP
+    group = spec.hidden_size if group == -1 else group
+    return bits, bits / 8 + 2 / group
+
+
 def _from_checkpoint(spec: ModelSpec) -> str:
     qm = (spec.quant_method or "").lower()
     if qm == "fp8":
@@ -39,8 +55,7 @@ def _from_checkpoint(spec: ModelSpec) -> str:
     if qm == "awq":
         return "int4-awq"
     if qm == "gptq":
-        bits = (spec.raw.get("quantization_config") or {}).get("bits", 4)
-        return "int4-gptq" if bits == 4 else "int8"
+        return "int4-gptq"  # (8-bit checkpoints: W8A16, see resolve_weight_format)
     return "none"
 
 
@@ -64,7 +79,11 @@ def resolve_weight_format(model_cfg: ModelConfig, spec: ModelSpec,
             return WeightFormat("int8", 1.0, "int8", "W8A8 int8 at the int8 tensor rate")
         return WeightFormat("int8", 1.0, "bf16", "no int8 tensor rate known: bf16 FLOP rate")
     if q in ("int4-awq", "int4-gptq"):
-        return WeightFormat(q, INT4_BYTES, "bf16", "W4A16: bytes saved, FLOPs at bf16 rate")
+        bits, nbytes = _wna16_bytes(spec) if (spec.quant_method or "").lower() in ("awq", "gptq") else (
+            4, INT4_BYTES)
+        name = q if bits == 4 else q.replace("int4", "int8")
+        return WeightFormat(name, nbytes, "bf16",
+                            f"W{bits}A16: bytes saved, FLOPs at bf16 rate")
     dt = model_cfg.dtype if model_cfg.dtype != "auto" else spec.torch_dtype
     name = "fp16" if dt == "float16" else "bf16"
     return WeightFormat(name, 2.0, "bf16")

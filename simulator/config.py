@@ -316,6 +316,8 @@ def _describe_error(err: dict) -> str:
         return (f"{loc}.{ctx.get('discriminator', 'kind').strip(chr(39))}: "
                 f"{short_repr(ctx.get('tag'))} is not one of {ctx.get('expected_tags')}")
     msg = err["msg"]
+    if typ == "value_error":  # our validators' own message: without pydantic's prefix
+        msg = msg.removeprefix("Value error, ")
     msg = one_line(msg, 200)
     if typ.endswith(("_parsing", "_type")):
         return f"{loc}: {msg[0].lower() + msg[1:]}, got {short_repr(inp)}"

@@ -138,3 +138,61 @@ def test_fully_inline_hardware_and_missing_field():
     with pytest.raises(ConfigError, match=r"^hardware\.mem_bw_gbps: required") as e:
         load_hardware_spec(HardwareConfig(name="my-gpu", bf16_tflops=100, memory_gib=32))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("given", "canonical"), [
+    ("awq", "int4-awq"), ("awq_marlin", "int4-awq"), ("gptq", "int4-gptq"),
+    ("gptq_marlin", "int4-gptq"), ("auto_gptq", "int4-gptq"), ("fp8_per_tensor", "fp8"),
+    ("fp8_per_block", "fp8"), ("fbgemm_fp8", "fp8"), ("modelopt", "fp8"), (None, "none"),
+    ("int4-awq", "int4-awq")])
+def test_vllm_quantization_names_are_aliases(given, canonical):
+    """vLLM 0.22.1 ``--quantization`` names map to the weight format they run."""
+    assert ModelConfig(quantization=given).quantization == canonical
+
+
+def test_unknown_quantization_names_the_key_and_choices():
+    from servesim.simulator.config import validate_tree
+
+    with pytest.raises(ConfigError, match=r"model\.quantization: .*int4-gptq") as e:
+        validate_tree({"model": {"quantization": "gguf"}}, "x.yaml")
+    assert "\n" not in str(e.value)
+
+
+def _ckpt(tmp_path, qc: dict):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "torch_dtype": "float16", "hidden_size": 1024, "intermediate_size": 4096,
+           "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 4,
+           "vocab_size": 1000, "max_position_embeddings": 8192, "quantization_config": qc}
+    p = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+def test_wna16_bytes_from_the_checkpoint_bits_and_group(tmp_path):
+    """AWQ/GPTQ weights cost bits/8 + 2/group bytes (fp16 scale per group), bits and group size
+    from quantization_config; an 8-bit GPTQ checkpoint is weight-only W8A16 (it was taken as
+    W8A8 int8 at the int8 tensor rate); group -1 is one scale per row of hidden_size."""
+    from servesim.costmodels.quant import resolve_weight_format
+
+    hw = load_hardware_spec(HardwareConfig(name="h100-sxm"))
+    cases = [
+        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "none",
+         ("int8-gptq", 1 + 2 / 128, "bf16")),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 32}, "gptq_marlin",
+         ("int4-gptq", 0.5 + 2 / 32, "bf16")),
+        ({"quant_method": "gptq", "bits": 4, "group_size": -1}, "none",
+         ("int4-gptq", 0.5 + 2 / 1024, "bf16")),
+        ({"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True}, "awq",
+         ("int4-awq", 0.5 + 2 / 64, "bf16")),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 128}, "none",
+         ("int4-awq", 0.5 + 2 / 128, "bf16")),
+    ]
+    for qc, q, want in cases:
+        path = _ckpt(tmp_path, qc)
+        mc = ModelConfig(name=path, quantization=q)
+        wf = resolve_weight_format(mc, load_model_spec(mc), hw)
+        assert (wf.name, wf.bytes_per_param, wf.compute) == pytest.approx(want), qc
+    # without a WNA16 checkpoint, the requested format's defaults: 4 bits, group 128
+    mc = ModelConfig(name="llama-3.1-8b", quantization="gptq")
+    wf = resolve_weight_format(mc, load_model_spec(mc), hw)
+    assert (wf.name, wf.bytes_per_param) == ("int4-gptq", 0.5 + 2 / 128)
