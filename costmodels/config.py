@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 
 def human_readable_int(value: Any) -> Any:
@@ -31,6 +31,20 @@ def human_readable_int(value: Any) -> Any:
 
 # an int field that also takes vLLM's human-readable form ('16k', '16K', '16G')
 HumanInt = Annotated[int, BeforeValidator(human_readable_int)]
+
+AUTO_MAX_MODEL_LEN = -1  # vLLM --max-model-len -1 / auto: fit the length to the KV cache
+
+
+def _max_model_len(value: Any) -> Any:
+    """vLLM's ``human_readable_int_or_auto``: ``auto`` or -1 → -1 (auto-fit), else
+    :func:`human_readable_int`; 0 and other negative lengths are refused."""
+    if isinstance(value, str) and value.strip().lower() in ("auto", "-1"):
+        return AUTO_MAX_MODEL_LEN
+    value = human_readable_int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1 and value != -1:
+        raise ValueError("expected a positive number of tokens, or auto (-1: the longest "
+                         "that fits in the KV cache)")
+    return value
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -103,10 +117,11 @@ class ModelConfig(_Section):
         description="A file in configs/models/ (HF config.json fields as YAML) or a path to a "
         "Hugging Face config.json",
     )
-    max_model_len: HumanInt | None = Field(
-        None, ge=1, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
+    max_model_len: Annotated[int, BeforeValidator(_max_model_len)] | None = Field(
+        None, ge=-1, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
         "default: what vLLM derives from the config.json (max_position_embeddings, RoPE "
-        "scaling)")
+        "scaling); auto or -1: that length, or the longest the KV cache holds when it is "
+        "shorter")
     dtype: Annotated[Literal["auto", "bfloat16", "float16"], BeforeValidator(_dtype)] = Field(
         "auto", description="vLLM --dtype: auto, bfloat16, float16 (or half)")
     quantization: Annotated[Literal["none", "fp8", "int8", "int4-awq", "int4-gptq"],
@@ -115,6 +130,9 @@ class ModelConfig(_Section):
         "int4-gptq, or vLLM's --quantization name (awq, awq_marlin, gptq, gptq_marlin, "
         "auto_gptq, fbgemm_fp8, modelopt, fp8_per_tensor, fp8_per_block)")
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
+    # set by resolve_config for max_model_len auto: the derived length before the fit (the
+    # plan's log line says whether the KV cache cut it); not dumped
+    _auto_fit_from: int | None = PrivateAttr(None)
 
 
 class HardwareConfig(_Section):

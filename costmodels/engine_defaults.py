@@ -139,7 +139,8 @@ def _resolved(cfg, hw: HardwareSpec, spec: ModelSpec) -> tuple[int, int, int]:
     """(max_num_seqs, max_num_batched_tokens, max_model_len), filling vLLM defaults when the
     config has not been through ``resolve_config`` yet."""
     sc = cfg.scheduler
-    mml = cfg.model.max_model_len or spec.max_len.default
+    mml = cfg.model.max_model_len
+    mml = spec.max_len.default if mml is None or mml == -1 else mml  # (-1: auto, not yet fit)
     seqs, toks = batch_limits(hw, sc.max_num_seqs, sc.max_num_batched_tokens, mml,
                               sc.enable_chunked_prefill, getattr(cfg, "performance_mode",
                                                                  "balanced"))

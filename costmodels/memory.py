@@ -105,6 +105,8 @@ class MemoryPlan:
     lora_bytes: int = 0
     # cache.kv_cache_memory_bytes: the KV cache's size given, memory profiling skipped
     kv_cache_memory_bytes: int | None = None
+    # model.max_model_len auto: the derived length before the fit (None: not auto)
+    auto_fit_from: int | None = None
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -152,13 +154,27 @@ class MemoryPlan:
             f"memory takes {self.activation_peak_bytes / g:.2f}GiB; the rest of the memory "
             f"reserved for KV Cache is {self.available_kv_bytes / g:.2f}GiB."),
             f"Available KV cache memory: {self.available_kv_bytes / g:.2f} GiB",
-            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
-            (f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
-            f"{self.max_concurrency:.2f}x"),
         ]
+        # get_kv_cache_configs: the override, then the auto-fit (against the override's
+        # size when there is one), then _report_kv_cache_config
         if self.num_gpu_blocks_override is not None:
             lines.append(f"Overriding num_gpu_blocks={self.num_gpu_blocks_computed} with "
                          f"num_gpu_blocks_override={self.num_gpu_blocks_override}")
+        if self.auto_fit_from is not None:
+            usable = (self.available_kv_bytes if self.num_gpu_blocks_override is None
+                      else self.num_gpu_blocks_override * self.block_bytes)
+            lines.append(
+                f"Auto-fit max_model_len: reduced from {self.auto_fit_from} to "
+                f"{self.max_model_len} to fit in available GPU memory "
+                f"({usable / g:.2f} GiB available for KV cache)"
+                if self.max_model_len < self.auto_fit_from else
+                f"Auto-fit max_model_len: full model context length {self.auto_fit_from} fits "
+                "in available GPU memory")
+        lines += [
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+            (f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+             f"{self.max_concurrency:.2f}x"),
+        ]
         lines.append(f"# GPU blocks: {self.num_gpu_blocks}, # CPU blocks: 0")
         where = ("beside the given KV cache size" if self.kv_cache_memory_bytes is not None
                  else "counted in the KV budget" if self.cudagraph_in_kv_budget
@@ -299,24 +315,39 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             "initializing the engine."
         )
     computed = available // block_bytes
-    # blocks one request may hold: ceil(max_model_len / block_size); sliding window (vLLM
-    # SlidingWindowSpec.max_admission_blocks_per_request): ceil(min(window − 1 + step tokens,
-    # max_model_len) / block_size) + 1, the window need not start at a block boundary
-    per_req_blocks = -(-mml // bs)
-    if spec.sliding_window and spec.sliding_window < mml:
-        per_req_blocks = -(-min(mml, spec.sliding_window - 1 + toks) // bs) + 1
+
+    def request_blocks(length: int) -> int:
+        """Blocks one request of ``length`` tokens may hold: ceil(length / block_size);
+        sliding window (vLLM SlidingWindowSpec.max_admission_blocks_per_request):
+        ceil(min(window − 1 + step tokens, length) / block_size) + 1, the window need not
+        start at a block boundary."""
+        if spec.sliding_window and spec.sliding_window < length:
+            return -(-min(length, spec.sliding_window - 1 + toks) // bs) + 1
+        return -(-length // bs)
+
+    override = cfg.cache.num_gpu_blocks_override
+    # vLLM 0.22.1 get_kv_cache_configs plans the auto-fit and the one-request check against
+    # the override's size when there is one (num_gpu_blocks_override · block bytes)
+    usable = available if override is None else override * block_bytes
+
+    def fits(length: int) -> bool:
+        return request_blocks(length) * block_bytes <= usable
+
+    fit_from = getattr(cfg.model, "_auto_fit_from", None)
+    if fit_from is not None:  # max_model_len auto: the longest that the KV cache holds
+        mml = fit_max_model_len(fit_from, fits)
+    per_req_blocks = request_blocks(mml)
     needed = per_req_blocks * block_bytes
-    if needed > available:
-        est = (available // block_bytes) * bs
+    if needed > usable:
+        est = fit_max_model_len(mml, fits) if fits(1) else 0
         raise CapacityError(
-            f"model.max_model_len={mml}: To serve at least one request with the models's max "
+            f"model.max_model_len={mml}: To serve at least one request with the model's max "
             f"seq len ({mml}), ({needed / GIB:.2f} GiB KV cache is needed, which is larger "
-            f"than the available KV cache memory ({available / GIB:.2f} GiB). Based on the "
+            f"than the available KV cache memory ({usable / GIB:.2f} GiB). Based on the "
             f"available memory, the estimated maximum model length is {est}. Try increasing "
             "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
             "engine."
         )
-    override = cfg.cache.num_gpu_blocks_override
     blocks = override if override is not None else computed
     if override is not None or explicit is not None:
         # vLLM sizes the KV tensors from the override or the explicit size without checking
@@ -343,7 +374,26 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         max_model_len=mml, blocks_per_request=per_req_blocks, weight_format=wf.name,
         kv_cache_dtype=cfg.cache.cache_dtype, draft_weights_bytes=draft_w,
         draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b, kv_cache_memory_bytes=explicit,
+        auto_fit_from=fit_from,
     )
+
+
+def fit_max_model_len(derived: int, fits) -> int:
+    """vLLM ``_auto_fit_max_model_len``: the largest length in [1, ``derived``] for which
+    ``fits(length)`` (one request's blocks fit the KV cache), by binary search; CapacityError
+    when not even one token fits."""
+    if not fits(1):
+        raise CapacityError(
+            "model.max_model_len: Cannot auto-fit max_model_len: not enough GPU memory "
+            "available to serve even a single token. Try increasing `gpu_memory_utilization`.")
+    lo, hi, best = 1, derived, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def _extra_memory(cfg, spec: ModelSpec, hw: HardwareSpec, wf: WeightFormat, tp: int,

@@ -18,7 +18,13 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
-from servesim.costmodels.config import Bytes, HardwareConfig, HumanInt, ModelConfig
+from servesim.costmodels.config import (
+    AUTO_MAX_MODEL_LEN,
+    Bytes,
+    HardwareConfig,
+    HumanInt,
+    ModelConfig,
+)
 from servesim.simulator.cluster.config import MAX_ENGINES, ClusterConfig, KVOffloadConfig
 from servesim.simulator.errors import ConfigError, one_line, path_is_file, short_repr
 from servesim.simulator.lora import LoRAConfig
@@ -506,7 +512,8 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     spec = load_model_spec(cfg.model)
     c = cfg.model_copy(deep=True)
     lim = spec.max_len
-    if c.model.max_model_len is None:
+    auto = c.model.max_model_len == AUTO_MAX_MODEL_LEN
+    if c.model.max_model_len is None or auto:  # (auto: the derived length until the KV fit)
         c.model.max_model_len = lim.default
     else:
         lim.check(c.model.max_model_len, "model.max_model_len")
@@ -568,6 +575,11 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             f"({c.model.max_model_len}): vLLM would refuse every prompt")
     if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
         c.frontend.api_server_count = c.parallel.data_parallel_size
+    if auto:  # vLLM get_kv_cache_configs → _auto_fit_max_model_len, after memory profiling
+        from servesim.costmodels.memory import plan_memory_for
+
+        c.model._auto_fit_from = c.model.max_model_len
+        c.model.max_model_len = plan_memory_for(c, spec, hw).max_model_len
     return c
 
 

@@ -253,11 +253,13 @@ class Replayer:
                 cfg = resolve_config(validate_tree(t, self.source))
                 # Speed: a KV cache larger than every request of the run together never
                 # evicts (allocations take never-used blocks first) nor preempts, so such a
-                # cache of just that size makes the same decisions (and is built far faster).
+                # cache of just that size makes the same decisions (and is built far faster);
+                # at least one max_model_len request's blocks, as vLLM checks an override.
                 bs = cfg.cache.block_size
                 need = int(np.sum(-(-(run.input_lens + run.output_lens) // bs))) + 2
-                if cfg.cache.num_gpu_blocks_override is None and need < plan_memory(
-                        cfg).num_gpu_blocks:
+                mem = plan_memory(cfg)
+                need = max(need, mem.blocks_per_request)
+                if cfg.cache.num_gpu_blocks_override is None and need < mem.num_gpu_blocks:
                     cfg.cache.num_gpu_blocks_override = need
                 self.cfgs.append(cfg)
         with warnings.catch_warnings():

@@ -70,7 +70,7 @@ def test_kv_cache_memory_bytes_sets_the_kv_cache_whatever_the_utilization():
     assert "Maximum concurrency for 131,072 tokens per request: 1.00x" in text
     assert "CUDA graph pool ~0.45 GiB (beside the given KV cache size)" in text
     p = plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=16G",
-                             "cache.num_gpu_blocks_override=1000"))
+                             "cache.num_gpu_blocks_override=1000", "model.max_model_len=16000"))
     assert (p.num_gpu_blocks, p.num_gpu_blocks_computed) == (1000, 8192)
     # 2.5e9 bytes // 2 MiB = 1,192 blocks = 19,072 tokens < one 131,072-token request
     with pytest.raises(CapacityError, match="estimated maximum model length is 19072"):
@@ -104,9 +104,10 @@ def test_token_counts_take_the_human_readable_form_too():
 
     cfg = load_config(None, ["model.max_model_len=32K", "scheduler.max_num_batched_tokens=16k"])
     assert (cfg.model.max_model_len, cfg.scheduler.max_num_batched_tokens) == (32768, 16000)
-    with pytest.raises(ConfigError, match="model.max_model_len: input should be greater than "
-                       "or equal to 1"):
-        load_config(None, ["model.max_model_len=0"])
+    for bad in ("0", "-2"):
+        with pytest.raises(ConfigError, match="model.max_model_len: expected a positive number "
+                           r"of tokens, or auto \(-1: the longest that fits in the KV cache\)"):
+            load_config(None, [f"model.max_model_len={bad}"])
 
 
 def test_human_readable_binary_suffix_refuses_decimals():
@@ -118,9 +119,59 @@ def test_human_readable_binary_suffix_refuses_decimals():
 
 
 def test_override_and_utilization():
-    p = plan_memory(make_cfg(*L8B, "cache.num_gpu_blocks_override=1000"))
+    p = plan_memory(make_cfg(*L8B, "cache.num_gpu_blocks_override=1000",
+                             "model.max_model_len=16000"))
     assert p.num_gpu_blocks == 1000 and p.num_gpu_blocks_computed == 28_502
     assert any("num_gpu_blocks_override=1000" in s for s in p.log_lines())
+    # vLLM 0.22.1 get_kv_cache_configs checks one max_model_len request against the override's
+    # size (1000 blocks × 16 tokens = 16,000), not the profiled memory: 16,001 is refused
+    with pytest.raises(CapacityError, match=r"model.max_model_len=16001: To serve at least one "
+                       r"request with the model's max seq len \(16001\), \(1.96 GiB KV cache is "
+                       r"needed, which is larger than the available KV cache memory \(1.95 GiB\)"
+                       r"\. Based on the available memory, the estimated maximum model length "
+                       r"is 16000\."):
+        plan_memory(make_cfg(*L8B, "cache.num_gpu_blocks_override=1000",
+                             "model.max_model_len=16001"))
+
+
+def test_max_model_len_auto_fits_the_kv_cache():
+    """vLLM ``--max-model-len auto`` (-1, ``_auto_fit_max_model_len``): the derived length
+    when one request of it fits the KV cache, else the longest that fits (binary search over
+    one request's blocks), against the override's size when there is one. Llama-3.1-8B on
+    A100: 28,502 blocks hold 131,072 tokens; 1,000 blocks of 16 tokens hold 16,000; 2.5e9
+    bytes of KV are 1,192 blocks of 2 MiB = 19,072 tokens. Mistral-7B's 4,096-token sliding
+    window: a request of L > 4,096 tokens takes ceil(min(L, 4,095 + 2,048) / 16) + 1 blocks,
+    ≤ 300 for L ≤ 4,784."""
+    from servesim.simulator.config import load_config, resolve_config
+
+    def fitted(*ov):
+        cfg = resolve_config(load_config(None, [*L8B, "model.max_model_len=auto", *ov]))
+        return cfg, plan_memory(cfg)
+
+    cfg, p = fitted()
+    assert cfg.model.max_model_len == p.max_model_len == 131_072
+    assert ("Auto-fit max_model_len: full model context length 131072 fits in available GPU "
+            "memory") in p.log_lines()
+    cfg, p = fitted("cache.num_gpu_blocks_override=1000")
+    assert (cfg.model.max_model_len, p.blocks_per_request, p.max_concurrency) == (16_000, 1000, 1)
+    lines = p.log_lines()
+    assert ("Auto-fit max_model_len: reduced from 131072 to 16000 to fit in available GPU "
+            "memory (1.95 GiB available for KV cache)") in lines
+    assert lines.index("Overriding num_gpu_blocks=28502 with num_gpu_blocks_override=1000") \
+        < lines.index("GPU KV cache size: 16,000 tokens")
+    assert fitted("cache.kv_cache_memory_bytes=2.5g")[0].model.max_model_len == 19_072
+    assert fitted("model.name=mistral-7b-v0.1",
+                  "cache.num_gpu_blocks_override=300")[0].model.max_model_len == 4784
+    assert fitted("model.max_model_len=-1", "cache.num_gpu_blocks_override=300")[
+        0].model.max_model_len == 4800
+    # the resolved config holds the fitted length: resolving its dump again changes nothing
+    cfg = fitted("cache.num_gpu_blocks_override=1000")[0]
+    again = resolve_config(load_config(None, [f"model.max_model_len={cfg.model.max_model_len}",
+                                              *L8B, "cache.num_gpu_blocks_override=1000"]))
+    assert again.config_hash() == cfg.config_hash()
+    with pytest.raises(CapacityError, match="Cannot auto-fit max_model_len: not enough GPU "
+                       "memory available to serve even a single token"):
+        fitted("cache.kv_cache_memory_bytes=1M")
     lo = plan_memory(make_cfg(*L8B, "cache.gpu_memory_utilization=0.5"))
     # fixed costs do not scale with utilization: fewer than half the blocks... of the excess
     assert lo.num_gpu_blocks < 28_502 / 2 + 8_000
@@ -150,7 +201,7 @@ def test_70b_on_one_a100_does_not_fit_and_fits_with_tp4():
 
 def test_max_model_len_must_fit_in_kv_cache():
     # 8B weights (15 GiB) on an L4 (22 GiB) leave ~4 GiB: 131,072 tokens need 16 GiB
-    with pytest.raises(CapacityError, match=r"To serve at least one request with the models's "
+    with pytest.raises(CapacityError, match=r"To serve at least one request with the model's "
                                             r"max seq len \(131072\), \(16\.00 GiB KV cache is "
                                             r"needed, which is larger than the available KV "
                                             r"cache memory") as e:

@@ -97,7 +97,7 @@ SCENARIOS = {
     # preemptions
     "preemption": [ENGINE_ONLY, "workload.num_prompts=12", "workload.input_len=96",
                    "workload.output_len=60", "workload.range_ratio=0.5",
-                   "cache.num_gpu_blocks_override=48"],
+                   "cache.num_gpu_blocks_override=48", "model.max_model_len=768"],
     # synchronous scheduling, no chunked prefill, vLLM's priority policy: other modes
     "sync_unchunked": [ENGINE_ONLY, "workload.num_prompts=30", "workload.request_rate=25",
                        "workload.input_len=150", "workload.output_len=10",
@@ -127,7 +127,8 @@ SCENARIOS = {
     # the frontend with recompute preemptions and synchronous scheduling
     "fe_preemption": ["workload.num_prompts=12", "workload.input_len=96",
                       "workload.output_len=60", "workload.range_ratio=0.5",
-                      "cache.num_gpu_blocks_override=48", "scheduler.async_scheduling=false"],
+                      "cache.num_gpu_blocks_override=48", "model.max_model_len=768",
+                      "scheduler.async_scheduling=false"],
 }
 # vLLM 0.22 / benchmarks/frontend_costs.py priors (simulator/frontend.py's table)
 FRONTEND_PRIORS = {"request_s": 125e-6, "tokenize_per_token_s": 1.0e-6, "ipc_s": 105e-6,

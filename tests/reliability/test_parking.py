@@ -16,7 +16,7 @@ from .conftest import CONFIG
 
 CASES = {
     "overload": [],
-    "preemptions": ["cache.num_gpu_blocks_override=600", "workload.output_len=600"],
+    "preemptions": ["cache.num_gpu_blocks_override=600", "model.max_model_len=8192", "workload.output_len=600"],
     "pipeline": ["parallel.pipeline_parallel_size=2"],
     "concurrency_prefix": ["workload.max_concurrency=700", "workload.prefix_len=512"],
     "small_seqs": ["scheduler.max_num_seqs=8"],

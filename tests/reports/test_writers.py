@@ -139,7 +139,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     # of order), sessions (follow-ups sent late) and refusals (messages with commas: quoted)
     ["workload.num_prompts=300", "workload.request_rate=inf"],
     ["workload.num_prompts=300", "scheduler.policy=priority",
-     "cache.num_gpu_blocks_override=300", "workload.request_rate=30"],
+     "cache.num_gpu_blocks_override=300", "model.max_model_len=4800", "workload.request_rate=30"],
     ["workload.kind=sessions", "workload.num_sessions=20", "workload.turns=3",
      "workload.session_rate=2"],
     ["workload.num_prompts=200", "model.max_model_len=1100", "workload.request_rate=50"],

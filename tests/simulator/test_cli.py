@@ -108,7 +108,7 @@ def test_too_long_requests_are_failed_not_dropped(tmp_path):
 
 def test_preemptions_with_tiny_cache(tmp_path):
     p = simulate("run", CONFIG, "-o", tmp_path / "r", "--quiet",
-                 "--set", "cache.num_gpu_blocks_override=200", "--set", "workload.num_prompts=200")
+                 "--set", "cache.num_gpu_blocks_override=200", "--set", "model.max_model_len=3200", "--set", "workload.num_prompts=200")
     assert p.returncode == 0, p.stderr
     r = json.loads((tmp_path / "r" / "result.json").read_text())
     assert r["num_preemptions"] > 0

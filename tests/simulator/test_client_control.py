@@ -209,7 +209,8 @@ def run(*overrides):
 
 def test_overloaded_run_with_timeouts_and_retries_accounts_for_every_request():
     base = ["workload.num_prompts=300", "workload.input_len=2048", "workload.output_len=256",
-            "workload.request_rate=40", "cache.num_gpu_blocks_override=2000"]
+            "workload.request_rate=40", "cache.num_gpu_blocks_override=2000",
+            "model.max_model_len=8192"]
     r = run(*base, "client.request_timeout_s=15")
     reason = r.requests["finished_reason"]
     n_to = int((reason == "timeout").sum())

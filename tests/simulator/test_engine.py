@@ -13,7 +13,7 @@ def run(*overrides, fast_path=True):
 
 
 def test_fast_path_matches_exact_loop_end_to_end():
-    for ov in ([], ["cache.num_gpu_blocks_override=120", "workload.request_rate=inf"],
+    for ov in ([], ["cache.num_gpu_blocks_override=120", "model.max_model_len=1920", "workload.request_rate=inf"],
                ["scheduler.long_prefill_token_threshold=64", "workload.prefix_len=200"]):
         a, b = run(*ov), run(*ov, fast_path=False)
         for col in ("first_token_s", "finish_s", "num_preemptions", "num_cached_tokens"):

@@ -13,9 +13,10 @@ CASES = [
     ["workload.num_prompts=150", "workload.request_rate=10"],
     ["workload.num_prompts=150", "workload.request_rate=10", "scheduler.async_scheduling=false"],
     ["workload.num_prompts=200", "workload.request_rate=inf"],
-    ["workload.num_prompts=150", "workload.request_rate=20", "cache.num_gpu_blocks_override=300"],
     ["workload.num_prompts=150", "workload.request_rate=20", "cache.num_gpu_blocks_override=300",
-     "scheduler.async_scheduling=false"],
+     "model.max_model_len=4800"],
+    ["workload.num_prompts=150", "workload.request_rate=20", "cache.num_gpu_blocks_override=300",
+     "model.max_model_len=4800", "scheduler.async_scheduling=false"],
     ["workload.num_prompts=100", "workload.max_concurrency=8", "workload.request_rate=inf"],
     ["workload.kind=sessions", "workload.num_sessions=15", "workload.turns=3",
      "workload.session_rate=1"],
@@ -33,7 +34,7 @@ CASES = [
      ("workload.stages=[{rate: 10, num_requests: 50}, {concurrency: 12, duration_s: 5, "
      "grace_s: 1}]"), "workload.warmup={num_requests: 3}"],
     ["workload.kind=sessions", "workload.num_sessions=15", "workload.turns=3",
-     "workload.session_rate=2", "cache.num_gpu_blocks_override=500",
+     "workload.session_rate=2", "cache.num_gpu_blocks_override=500", "model.max_model_len=8000",
      "cache.kv_offload={cpu_bytes: 2GiB}"],
     ["workload.num_prompts=100", "workload.request_rate=10", "parallel.pipeline_parallel_size=2"],
 ]
