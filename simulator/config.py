@@ -575,6 +575,16 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             f"({c.model.max_model_len}): vLLM would refuse every prompt")
     if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
         c.frontend.api_server_count = c.parallel.data_parallel_size
+    dp = c.parallel.data_parallel_size
+    if spec.num_experts > 1 and dp > 1:
+        import warnings
+
+        warnings.warn(
+            f"{spec.name} is a mixture-of-experts model: at data_parallel_size {dp} vLLM shards "
+            f"its experts over all DP x TP = {dp * tp} GPUs and steps the DP ranks in lockstep "
+            "(idle ranks run dummy batches); servesim runs the DP ranks as independent engines "
+            f"with the experts sharded over TP = {tp} only, so its memory plan and step times "
+            "for this config are approximate", stacklevel=2)
     if auto:  # vLLM get_kv_cache_configs → _auto_fit_max_model_len, after memory profiling
         from servesim.costmodels.memory import plan_memory_for
 

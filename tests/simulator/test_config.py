@@ -154,3 +154,27 @@ def test_hf_config_json_drop_in(tmp_path):
     # a nested text_config (multimodal models) is merged up
     path.write_text(json.dumps({"architectures": ["X"], "text_config": hf}))
     assert load_model_spec(cfg.model).hidden_size == 2048
+
+
+def test_moe_with_data_parallel_warns_that_vllm_shards_experts_over_dp():
+    """vLLM (FusedMoEParallelConfig.make) shards a MoE model's experts over DP x TP GPUs and
+    steps DP ranks in lockstep; servesim's independent DP engines only approximate it: said
+    once, naming the sizes. Dense models at DP 2 and MoE models at DP 1 are silent."""
+    import warnings
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def caught(path, *ov):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            resolve_config(load_config(path, list(ov)))
+        return [str(x.message) for x in w if "mixture-of-experts" in str(x.message)]
+
+    mixtral = root / "configs" / "mixtral_h100_tp2.yaml"
+    msgs = caught(mixtral, "parallel.data_parallel_size=2")
+    assert len(msgs) == 1 and msgs[0].startswith(
+        "mixtral-8x7b is a mixture-of-experts model: at data_parallel_size 2 vLLM shards its "
+        "experts over all DP x TP = 4 GPUs and steps the DP ranks in lockstep")
+    assert caught(mixtral) == []
+    assert caught(root / "configs" / "llama8b_a100.yaml", "parallel.data_parallel_size=2") == []
