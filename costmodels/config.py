@@ -86,12 +86,12 @@ def _dtype(v: Any) -> Any:
 # vLLM ``--quantization`` names (vllm/model_executor/layers/quantization/__init__.py, 0.22.1)
 # → servesim's weight formats. AWQ/GPTQ and their Marlin kernels are W4A16 (the checkpoint's
 # bits and group size are read from its quantization_config); the online fp8 shorthands and
-# FBGEMM/ModelOpt FP8 checkpoints are W8A8 fp8.
+# ModelOpt FP8 checkpoints are W8A8 fp8 (fbgemm_fp8 is deprecated in 0.22.1: refused there).
 WEIGHT_FORMATS = ("none", "fp8", "int8", "int4-awq", "int4-gptq")
 QUANTIZATION_ALIASES = {
     "awq": "int4-awq", "awq_marlin": "int4-awq",
     "gptq": "int4-gptq", "gptq_marlin": "int4-gptq", "auto_gptq": "int4-gptq",
-    "fp8_per_tensor": "fp8", "fp8_per_block": "fp8", "fbgemm_fp8": "fp8", "modelopt": "fp8",
+    "fp8_per_tensor": "fp8", "fp8_per_block": "fp8", "modelopt": "fp8",
 }
 
 
@@ -128,7 +128,7 @@ class ModelConfig(_Section):
                             BeforeValidator(_quantization)] = Field(
         "none", description="Weight format: none (checkpoint's own), fp8, int8, int4-awq, "
         "int4-gptq, or vLLM's --quantization name (awq, awq_marlin, gptq, gptq_marlin, "
-        "auto_gptq, fbgemm_fp8, modelopt, fp8_per_tensor, fp8_per_block)")
+        "auto_gptq, modelopt, fp8_per_tensor, fp8_per_block)")
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
     # set by resolve_config for max_model_len auto: the derived length before the fit (the
     # plan's log line says whether the KV cache cut it); not dumped

@@ -166,7 +166,7 @@ class MemoryPlan:
             lines.append(
                 f"Auto-fit max_model_len: reduced from {self.auto_fit_from} to "
                 f"{self.max_model_len} to fit in available GPU memory "
-                f"({usable / g:.2f} GiB available for KV cache)"
+                f"({format_gib(usable)} GiB available for KV cache)"
                 if self.max_model_len < self.auto_fit_from else
                 f"Auto-fit max_model_len: full model context length {self.auto_fit_from} fits "
                 "in available GPU memory")
@@ -251,8 +251,11 @@ def plan_memory(cfg, coeffs: MemoryCoefficients | None = None) -> MemoryPlan:
 
 
 def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
-                    co: MemoryCoefficients | None = None) -> MemoryPlan:
-    """:func:`plan_memory` with the specs already loaded."""
+                    co: MemoryCoefficients | None = None,
+                    fit_from: int | None = None) -> MemoryPlan:
+    """:func:`plan_memory` with the specs already loaded. ``fit_from``: max_model_len auto
+    (``resolve_config`` fits it once: a resolved config keeps its fitted length), the derived
+    length to fit from; an unresolved auto config (max_model_len -1) is fitted too."""
     co = co or MemoryCoefficients()
     tp = cfg.parallel.tensor_parallel_size
     pp = cfg.parallel.pipeline_parallel_size
@@ -320,8 +323,9 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         """Blocks one request of ``length`` tokens may hold: ceil(length / block_size);
         sliding window (vLLM SlidingWindowSpec.max_admission_blocks_per_request):
         ceil(min(window − 1 + step tokens, length) / block_size) + 1, the window need not
-        start at a block boundary."""
-        if spec.sliding_window and spec.sliding_window < length:
+        start at a block boundary (the startup check; at run time a window ≥ max_model_len
+        frees nothing and a request holds ceil(length / block_size), as in vLLM)."""
+        if spec.sliding_window:  # (vLLM: every window, even one ≥ the length)
             return -(-min(length, spec.sliding_window - 1 + toks) // bs) + 1
         return -(-length // bs)
 
@@ -333,20 +337,22 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     def fits(length: int) -> bool:
         return request_blocks(length) * block_bytes <= usable
 
-    fit_from = getattr(cfg.model, "_auto_fit_from", None)
+    if fit_from is None and cfg.model.max_model_len == -1:
+        fit_from = mml  # (not resolved yet)
     if fit_from is not None:  # max_model_len auto: the longest that the KV cache holds
         mml = fit_max_model_len(fit_from, fits)
     per_req_blocks = request_blocks(mml)
     needed = per_req_blocks * block_bytes
     if needed > usable:
         est = fit_max_model_len(mml, fits) if fits(1) else 0
+        est_msg = (f"Based on the available memory, the estimated maximum model length is "
+                   f"{est}. " if est > 0 else "")
         raise CapacityError(
             f"model.max_model_len={mml}: To serve at least one request with the model's max "
-            f"seq len ({mml}), ({needed / GIB:.2f} GiB KV cache is needed, which is larger "
-            f"than the available KV cache memory ({usable / GIB:.2f} GiB). Based on the "
-            f"available memory, the estimated maximum model length is {est}. Try increasing "
-            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-            "engine."
+            f"seq len ({mml}), ({format_gib(needed)} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({format_gib(usable)} GiB). {est_msg}Try "
+            "increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine."
         )
     blocks = override if override is not None else computed
     if override is not None or explicit is not None:
@@ -374,8 +380,14 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         max_model_len=mml, blocks_per_request=per_req_blocks, weight_format=wf.name,
         kv_cache_dtype=cfg.cache.cache_dtype, draft_weights_bytes=draft_w,
         draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b, kv_cache_memory_bytes=explicit,
-        auto_fit_from=fit_from,
+        auto_fit_from=getattr(cfg.model, "_auto_fit_from", None) or fit_from,
     )
+
+
+def format_gib(b: float) -> str:
+    """vLLM ``mem_utils.format_gib``: GiB rounded to 2 decimals, as Python prints the float
+    (``16.0``, ``1.96``, ``0.2``)."""
+    return f"{round(b / GIB, 2)}"
 
 
 def fit_max_model_len(derived: int, fits) -> int:

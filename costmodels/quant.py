@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from servesim.costmodels.config import ModelConfig
 from servesim.costmodels.specs import HardwareSpec, ModelSpec
+from servesim.simulator.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,22 @@ def _from_checkpoint(spec: ModelSpec) -> str:
     if qm == "gptq":
         return "int4-gptq"  # (8-bit checkpoints: W8A16, see resolve_weight_format)
     return "none"
+
+
+# servesim's weight format → the checkpoint quant_method vLLM accepts it for
+_CHECKPOINT_METHOD = {"int4-awq": "awq", "int4-gptq": "gptq", "fp8": "fp8", "int8": "int8"}
+
+
+def check_checkpoint_quantization(model_cfg: ModelConfig, spec: ModelSpec) -> None:
+    """vLLM ``ModelConfig._verify_quantization``: a ``quantization`` other than the one of a
+    quantized checkpoint (AWQ, GPTQ, FP8 ``quantization_config``) is refused; on an
+    unquantized checkpoint any format is servesim's what-if."""
+    q, qm = model_cfg.quantization, (spec.quant_method or "").lower()
+    if q != "none" and qm in ("awq", "gptq", "fp8") and _CHECKPOINT_METHOD[q] != qm:
+        raise ConfigError(
+            f"model.quantization: Quantization method specified in the model config ({qm}) "
+            f"does not match the quantization method specified in the `quantization` argument "
+            f"({q}) (vLLM)")
 
 
 def resolve_weight_format(model_cfg: ModelConfig, spec: ModelSpec,

@@ -507,9 +507,11 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         cudagraph_sizes,
         kv_block_size,
     )
+    from servesim.costmodels.quant import check_checkpoint_quantization
 
     hw = load_hardware_spec(cfg.hardware)
     spec = load_model_spec(cfg.model)
+    check_checkpoint_quantization(cfg.model, spec)
     c = cfg.model_copy(deep=True)
     lim = spec.max_len
     auto = c.model.max_model_len == AUTO_MAX_MODEL_LEN
@@ -568,6 +570,16 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
         from servesim.simulator.cluster.config import resolve_cluster
 
         resolve_cluster(cfg, c)
+        if auto:  # each group fitted its own length (equal in every group): the top-level
+            # section need not run on its own GPU
+            c.model._auto_fit_from = c.model.max_model_len
+            c.model.max_model_len = c.cluster.instances[0].model.max_model_len
+    elif auto:  # vLLM get_kv_cache_configs → _auto_fit_max_model_len, after memory profiling
+        from servesim.costmodels.memory import plan_memory_for
+
+        c.model._auto_fit_from = c.model.max_model_len
+        c.model.max_model_len = plan_memory_for(
+            c, spec, hw, fit_from=c.model.max_model_len).max_model_len
     prefix_len = getattr(c.workload, "prefix_len", 0)
     if prefix_len > c.model.max_model_len:
         raise ConfigError(
@@ -585,11 +597,6 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             "(idle ranks run dummy batches); servesim runs the DP ranks as independent engines "
             f"with the experts sharded over TP = {tp} only, so its memory plan and step times "
             "for this config are approximate", stacklevel=2)
-    if auto:  # vLLM get_kv_cache_configs → _auto_fit_max_model_len, after memory profiling
-        from servesim.costmodels.memory import plan_memory_for
-
-        c.model._auto_fit_from = c.model.max_model_len
-        c.model.max_model_len = plan_memory_for(c, spec, hw).max_model_len
     return c
 
 

@@ -197,10 +197,13 @@ def resolve_cluster(raw, resolved) -> None:
         if shared is None:
             shared = key
         elif key != shared:
+            auto = "" if key[0] != shared[0] or raw.model.max_model_len != -1 else (
+                f"; max_model_len auto fitted each group's KV cache: set it to at most "
+                f"{min(key[1], shared[1])}")
             raise ConfigError(
                 f"cluster.instances[{i}] ({g_raw.name}): cache.block_size and "
                 f"model.max_model_len must be the same in every group (got {key}, first group "
-                f"{shared}): request prefix ids are per block")
+                f"{shared}): request prefix ids are per block{auto}")
         g_res.model = ModelConfig.model_validate(cfg.model.model_dump(mode="python"))
         g_res.hardware = HardwareConfig.model_validate(cfg.hardware.model_dump(mode="python"))
         for sec in ("parallel", "cache", "scheduler", "compilation"):

@@ -69,12 +69,12 @@ def one_line(e: BaseException) -> str:
 def inputs_hash(tree: dict) -> str:
     """16 hex digits identifying what a point's result depends on beyond its raw tree: the
     servesim code and shipped files (:func:`code_hash`), the config as resolved (defaults
-    filled in: a default that changed between versions changes it), the model and GPU specs
-    read (a drop-in config.json included) and the bytes of every calibration and trace file
-    it reads. A tree that does not validate hashes its error (the point then fails)."""
-    from dataclasses import asdict
-
+    filled in: a default that changed between versions changes it), the model, draft-model
+    and GPU specs read (a drop-in config.json included; not where the files are) and the bytes
+    of every calibration and trace file it reads. A tree that does not resolve hashes its
+    error (the point then fails, in its worker)."""
     from servesim.costmodels.calibration import calibration_paths
+    from servesim.costmodels.config import ModelConfig
     from servesim.costmodels.specs import load_hardware_spec, load_model_spec
     from servesim.simulator.config import resolve_config, validate_tree
 
@@ -84,14 +84,29 @@ def inputs_hash(tree: dict) -> str:
         for g in [cfg] + list(cfg.cluster.instances if cfg.cluster else []):
             model, hw = getattr(g, "model", None), getattr(g, "hardware", None)
             if model is not None:
-                parts.append(asdict(load_model_spec(model)))
+                parts.append(_spec_dict(load_model_spec(model)))
             if hw is not None:
                 spec = load_hardware_spec(hw)
-                parts += [asdict(spec), [file_hash(p) for p in calibration_paths(hw, spec)]]
+                parts += [_spec_dict(spec),
+                          [file_hash(p) for p in calibration_paths(hw, spec)]]
+        draft = getattr(cfg.speculative_config, "model", None)
+        if draft:
+            parts.append(_spec_dict(load_model_spec(ModelConfig(name=draft))))
         parts.append([file_hash(Path(p)) for p in _trace_paths(parts[1].get("workload"))])
-    except ServesimError as e:
+    except Exception as e:  # noqa: BLE001 (any failure is the point's: its worker reports it)
         parts = [code_hash(), "invalid", one_line(e)]
     return content_hash(*parts)
+
+
+def _spec_dict(spec: Any) -> dict:
+    """A spec dataclass as a dict without where it was read from (``source``, ``file``), so
+    one install hashes alike wherever it lives."""
+    from dataclasses import asdict
+
+    d = asdict(spec)
+    for k in ("source", "file"):
+        d.pop(k, None)
+    return d
 
 
 def _trace_paths(node: Any) -> list[str]:
@@ -112,7 +127,7 @@ def file_hash(path: Path) -> str:
     when it is not a readable file."""
     try:
         st = path.stat()
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: a NUL byte in the name)
         return f"missing:{path}"
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _file_hashes:

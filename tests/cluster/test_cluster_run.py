@@ -202,3 +202,24 @@ def test_mla_groups_on_different_gpus_share_the_largest_default_block_size():
     assert [g.cache["block_size"] for g in cfg.cluster.instances] == [32, 32]
     tree["cache"] = {"block_size": 64}
     assert [g.cache["block_size"] for g in cfg_of(tree).cluster.instances] == [64, 64]
+
+
+def test_max_model_len_auto_fits_each_group():
+    """max_model_len auto in a cluster: each group fits its own KV cache (the top-level
+    section, TP 1 for a 70B model here, need not fit on its own); groups that fit different
+    lengths are refused, naming the length to set (1,000 and 2,000 blocks of 16 tokens)."""
+    tree = {"model": {"name": "llama-3.1-70b", "max_model_len": "auto"},
+            "hardware": {"name": "h100-sxm"},
+            "workload": {"num_prompts": 4, "input_len": 64, "output_len": 8},
+            "cluster": {"instances": [{"name": "a", "replicas": 2,
+                                       "parallel": {"tensor_parallel_size": 4}}]}}
+    cfg = cfg_of(tree)
+    assert cfg.model.max_model_len == cfg.cluster.instances[0].model.max_model_len == 131_072
+    het = {"model": {"name": "llama-3.1-8b", "max_model_len": "auto"},
+           "hardware": {"name": "h100-sxm"}, "cache": {"num_gpu_blocks_override": 1000},
+           "cluster": {"instances": [{"name": "big"}, {"name": "small", "cache": {
+               "num_gpu_blocks_override": 2000}}]}}
+    with pytest.raises(ConfigError, match=r"got \(16, 32000\), first group \(16, 16000\)\): "
+                       r"request prefix ids are per block; max_model_len auto fitted each "
+                       r"group's KV cache: set it to at most 16000"):
+        cfg_of(het)

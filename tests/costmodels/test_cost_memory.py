@@ -172,6 +172,35 @@ def test_max_model_len_auto_fits_the_kv_cache():
     with pytest.raises(CapacityError, match="Cannot auto-fit max_model_len: not enough GPU "
                        "memory available to serve even a single token"):
         fitted("cache.kv_cache_memory_bytes=1M")
+
+
+def test_auto_fit_edges_as_vllm():
+    """Sliding window at lengths within the window: vLLM's admission cap is still
+    ceil(min(window − 1 + budget, L) / 16) + 1 blocks, so 256 blocks hold L ≤ 4,080 (not
+    4,096, which is refused); the prefix check sees the fitted length; a plan of an unresolved
+    auto config fits too, and a resolved config keeps its fitted length when changed later;
+    with no KV cache at all vLLM's message leaves out the estimate."""
+    from servesim.simulator.config import load_config, resolve_config
+
+    mistral = [*L8B, "model.name=mistral-7b-v0.1", "cache.num_gpu_blocks_override=256"]
+    cfg = resolve_config(load_config(None, [*mistral, "model.max_model_len=auto"]))
+    assert cfg.model.max_model_len == 4080
+    with pytest.raises(CapacityError, match=r"\(4096\), \(0.5 GiB KV cache is needed.*"
+                       "estimated maximum model length is 4080"):
+        plan_memory(make_cfg(*mistral, "model.max_model_len=4096"))
+    with pytest.raises(ConfigError, match=r"workload.prefix_len: 2000 is longer than "
+                       r"model.max_model_len \(1600\)"):
+        resolve_config(load_config(None, [*L8B, "model.max_model_len=auto",
+                                          "cache.num_gpu_blocks_override=100",
+                                          "workload.prefix_len=2000"]))
+    raw = load_config(None, [*L8B, "model.max_model_len=-1", "cache.num_gpu_blocks_override=1000"])
+    assert plan_memory(raw).max_model_len == 16_000
+    cfg = resolve_config(raw)
+    cfg.cache.num_gpu_blocks_override = 2000
+    assert plan_memory(cfg).max_model_len == 16_000  # (fitted once, at resolve)
+    with pytest.raises(CapacityError) as e:
+        plan_memory(make_cfg(*L8B, "model.max_model_len=1000", "cache.kv_cache_memory_bytes=1M"))
+    assert "available KV cache memory (0.0 GiB). Try increasing" in str(e.value)
     lo = plan_memory(make_cfg(*L8B, "cache.gpu_memory_utilization=0.5"))
     # fixed costs do not scale with utilization: fewer than half the blocks... of the excess
     assert lo.num_gpu_blocks < 28_502 / 2 + 8_000
@@ -202,7 +231,7 @@ def test_70b_on_one_a100_does_not_fit_and_fits_with_tp4():
 def test_max_model_len_must_fit_in_kv_cache():
     # 8B weights (15 GiB) on an L4 (22 GiB) leave ~4 GiB: 131,072 tokens need 16 GiB
     with pytest.raises(CapacityError, match=r"To serve at least one request with the model's "
-                                            r"max seq len \(131072\), \(16\.00 GiB KV cache is "
+                                            r"max seq len \(131072\), \(16\.0 GiB KV cache is "
                                             r"needed, which is larger than the available KV "
                                             r"cache memory") as e:
         plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=l4"))

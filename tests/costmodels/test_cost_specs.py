@@ -143,7 +143,7 @@ def test_fully_inline_hardware_and_missing_field():
 @pytest.mark.parametrize(("given", "canonical"), [
     ("awq", "int4-awq"), ("awq_marlin", "int4-awq"), ("gptq", "int4-gptq"),
     ("gptq_marlin", "int4-gptq"), ("auto_gptq", "int4-gptq"), ("fp8_per_tensor", "fp8"),
-    ("fp8_per_block", "fp8"), ("fbgemm_fp8", "fp8"), ("modelopt", "fp8"), (None, "none"),
+    ("fp8_per_block", "fp8"), ("modelopt", "fp8"), (None, "none"),
     ("int4-awq", "int4-awq")])
 def test_vllm_quantization_names_are_aliases(given, canonical):
     """vLLM 0.22.1 ``--quantization`` names map to the weight format they run."""
@@ -153,9 +153,27 @@ def test_vllm_quantization_names_are_aliases(given, canonical):
 def test_unknown_quantization_names_the_key_and_choices():
     from servesim.simulator.config import validate_tree
 
-    with pytest.raises(ConfigError, match=r"model\.quantization: .*int4-gptq") as e:
-        validate_tree({"model": {"quantization": "gguf"}}, "x.yaml")
-    assert "\n" not in str(e.value)
+    for name in ("gguf", "fbgemm_fp8"):  # (fbgemm_fp8: deprecated, refused by vLLM 0.22.1)
+        with pytest.raises(ConfigError, match=r"model\.quantization: .*int4-gptq") as e:
+            validate_tree({"model": {"quantization": name}}, "x.yaml")
+        assert "\n" not in str(e.value)
+
+
+def test_quantization_must_match_a_quantized_checkpoint(tmp_path):
+    """vLLM ``_verify_quantization``: awq on a GPTQ checkpoint is refused with vLLM's message;
+    the checkpoint's own family (gptq_marlin) and any format on an unquantized checkpoint (a
+    what-if) are taken."""
+    from servesim.simulator.config import load_config, resolve_config
+
+    path = _ckpt(tmp_path, {"quant_method": "gptq", "bits": 8, "group_size": 128})
+    with pytest.raises(ConfigError, match=r"model.quantization: Quantization method specified "
+                       r"in the model config \(gptq\) does not match the quantization method "
+                       r"specified in the `quantization` argument \(int4-awq\)"):
+        resolve_config(load_config(None, [f"model.name={path}", "model.quantization=awq"]))
+    for q in ("gptq_marlin", "none"):
+        cfg = resolve_config(load_config(None, [f"model.name={path}", f"model.quantization={q}"]))
+        assert cfg.model.quantization in ("int4-gptq", "none")
+    resolve_config(load_config(None, ["model.quantization=awq"]))  # Llama-3.1-8B: bf16
 
 
 def _ckpt(tmp_path, qc: dict):

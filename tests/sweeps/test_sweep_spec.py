@@ -273,3 +273,37 @@ def test_inputs_hash_sees_resolved_defaults_not_spelling():
     assert inputs_hash(base) == inputs_hash({**base, "cache": {"gpu_memory_utilization": 0.92}})
     assert inputs_hash(base) != inputs_hash({**base, "cache": {"gpu_memory_utilization": 0.9}})
     assert inputs_hash({"model": {"name": "nope"}}) != inputs_hash({"model": {"name": "nop"}})
+
+
+def test_inputs_hash_covers_the_draft_model_not_where_files_live(tmp_path, monkeypatch):
+    """A draft model's config.json is an input (editing it changes the hash); the shipped
+    model and GPU files read from another folder with the same bytes (another checkout or
+    install) hash alike; a file name that cannot be a path (NUL byte) hashes as the point's
+    error instead of crashing the sweep."""
+    import shutil
+
+    from servesim.costmodels import specs
+    from servesim.simulator.experiments.points import inputs_hash
+
+    draft = tmp_path / "draft.json"
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           "torch_dtype": "bfloat16", "hidden_size": 1024, "intermediate_size": 4096,
+           "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 4,
+           "vocab_size": 128256, "max_position_embeddings": 131072}
+    draft.write_text(json.dumps(cfg))
+    tree = {"hardware": {"name": "h100-sxm"}, "workload": {"num_prompts": 5},
+            "speculative_config": {"method": "draft_model", "model": str(draft),
+                                   "num_speculative_tokens": 3, "acceptance": {"rate": 0.6}}}
+    before = inputs_hash(tree)
+    assert before != inputs_hash({**tree, "speculative_config": None})
+    draft.write_text(json.dumps({**cfg, "num_hidden_layers": 16}))
+    assert inputs_hash(tree) != before
+
+    plain = {"workload": {"num_prompts": 5}}
+    here = inputs_hash(plain)
+    moved = tmp_path / "configs"
+    shutil.copytree(specs.configs_dir(), moved)
+    monkeypatch.setattr(specs, "configs_dir", lambda: moved)
+    assert inputs_hash(plain) == here
+
+    assert len(inputs_hash({"hardware": {"calibration": "cal\0.yaml"}})) == 16
