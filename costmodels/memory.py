@@ -107,6 +107,8 @@ class MemoryPlan:
     kv_cache_memory_bytes: int | None = None
     # model.max_model_len auto: the derived length before the fit (None: not auto)
     auto_fit_from: int | None = None
+    # --cpu-offload-gb: decoder weights in pinned CPU memory (not in weights_bytes)
+    cpu_offload_bytes: int = 0
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -138,7 +140,9 @@ class MemoryPlan:
     def log_lines(self) -> list[str]:
         """The start-up log lines vLLM prints for this plan."""
         g = GIB
-        lines = [
+        lines = [f"Total CPU offloaded parameters: {format_gib(self.cpu_offload_bytes)}"] if (
+            self.cpu_offload_bytes) else []
+        lines += [
             f"Model loading took {self.weights_bytes / g:.4f} GiB"
             + (f" (speculative decoding proposer {self.draft_weights_bytes / g:.4f} GiB)"
                if self.draft_weights_bytes else "")
@@ -210,6 +214,68 @@ def weight_bytes_per_rank(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: in
     return int(total)
 
 
+def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """vLLM ``get_pp_indices``: L // pp layers per stage, the remainder one each to the
+    stages before the last (from the second-to-last backwards)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    out, start = [], 0
+    for n in parts:
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+@dataclass(frozen=True)
+class UvaOffload:
+    """What ``--cpu-offload-gb`` keeps in pinned CPU memory (vLLM ``UVAOffloader``): per
+    stage, decoder-layer parameters from the stage's first layer on, in module order
+    (attention, then MLP or router + experts, then norms), until the offloaded bytes reach
+    the limit (the last parameter may pass it). ``bytes_per_rank``: the largest of the stages';
+    ``layers``: per linear (``Linear.name``), how many of its layers, over all stages, are
+    read over the host link."""
+
+    bytes_per_rank: int
+    layers: dict[str, int]
+
+
+def uva_offload(spec: ModelSpec, wf: WeightFormat, tp: int, pp: int,
+                limit_gib: float) -> UvaOffload:
+    """:class:`UvaOffload` of ``limit_gib`` GiB per GPU (0: none)."""
+    limit = limit_gib * GIB
+    if limit <= 0:
+        return UvaOffload(0, {})
+    lins = spec.linears()
+    dense = [x for x in lins if x.op in ("gate_up_proj", "down_proj")]
+    moe = [x for x in lins if x.op in ("router", "experts", "shared_experts")]
+    attn = [x for x in lins if x not in dense and x not in moe]
+
+    def nbytes(lin) -> float:
+        n, k = lin.shard(tp)
+        wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
+        return lin.num_experts * (n * k * wb + (n * ACT_BYTES if lin.bias else 0))
+
+    norm = spec.norm_params_per_layer() * ACT_BYTES
+    layers: dict[str, int] = {}
+    most = 0.0
+    for start, end in pp_layer_ranges(spec.num_hidden_layers, pp):
+        off = 0.0
+        for i in range(start, end):
+            if off >= limit:
+                break
+            mlp = dense if i < spec.num_dense_layers else moe
+            for lin in attn + mlp:
+                if off >= limit:
+                    break
+                off += nbytes(lin)
+                layers[lin.name] = layers.get(lin.name, 0) + 1
+            if off < limit:
+                off += norm
+        most = max(most, off)
+    return UvaOffload(int(most), layers)
+
+
 def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int = 1) -> int:
     """Peak live activations of one forward pass over ``tokens`` tokens on one rank (bytes):
     the larger of the attention block (residual, normed input, qkv, attention output) and the
@@ -267,6 +333,8 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     total = hw.memory_bytes
     requested = int(total * util)
     weights = weight_bytes_per_rank(spec, wf, tp, pp)
+    offload = uva_offload(spec, wf, tp, pp, getattr(cfg, "cpu_offload_gb", 0.0))
+    weights -= offload.bytes_per_rank  # (--cpu-offload-gb: in pinned CPU memory)
     kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
     draft_w, draft_kv, lora_b = _extra_memory(cfg, spec, hw, wf, tp, kvb)
     weights += draft_w + lora_b
@@ -381,6 +449,7 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         kv_cache_dtype=cfg.cache.cache_dtype, draft_weights_bytes=draft_w,
         draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b, kv_cache_memory_bytes=explicit,
         auto_fit_from=getattr(cfg.model, "_auto_fit_from", None) or fit_from,
+        cpu_offload_bytes=offload.bytes_per_rank,
     )
 
 

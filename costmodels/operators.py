@@ -104,7 +104,23 @@ class OperatorCosts:
             sec += kernels * e.kernel_fixed_s
             prov = DEFAULT
         L = lin.layers
+        f = self._uva.get(lin.name, 0) if self._uva else 0
+        if f:  # --cpu-offload-gb: f layers' weights read over the host link (zero-copy UVA)
+            host = self._uva_read_s(lin, n, k, T)
+            if host > sec:
+                bound, prov = "host-link", SPEC_SHEET
+            return OpCost(name, L, sec * (L - f) + max(sec, host) * f, flops * L, nbytes * L,
+                          bound, eff, prov)
         return OpCost(name, L, sec * L, flops * L, nbytes * L, bound, eff, prov)
+
+    def _uva_read_s(self, lin: Linear, n: int, k: int, T: int) -> float:
+        """Seconds to read one layer's weights of ``lin`` (per-rank ``n`` × ``k``; routed
+        experts: those ``T`` tokens hit) over the host link: bytes / pcie_bw_gbps."""
+        wb = self.weight_format.bytes_per_param if lin.quantized else ACT_BYTES
+        per = n * k * wb + (n * ACT_BYTES if lin.bias else 0)
+        if lin.num_experts > 1:
+            per *= self.expected_active_experts(T)
+        return per / (self.hw.pcie_bw_gbps * 1e9)
 
     def _gemm_format(self, lin: Linear) -> tuple[str, float, float, str]:
         """(GEMM table dtype, weight bytes, activation bytes, tensor rate) of a linear:
@@ -243,6 +259,13 @@ class OperatorCosts:
         for i, op in enumerate(ops):
             if op.name == "experts":
                 sec = t * op.count
+                if self._uva:  # --cpu-offload-gb: offloaded layers wait for the host link
+                    host = [(self._uva.get(g.name, 0), self._uva_read_s(g, n, k, T))
+                            for g, n, k in self._gemms if g.op == "experts"]
+                    (f1, h1), (f2, h2) = host
+                    both = min(f1, f2)
+                    sec += both * max(0.0, h1 + h2 - t) + (f1 - both) * max(0.0, h1 - t) + (
+                        f2 - both) * max(0.0, h2 - t)
                 roof = max(op.flops / self.peak_w, op.bytes / self.bw)
                 ops[i] = OpCost(op.name, op.count, sec, op.flops, op.bytes, op.bound,
                                 roof / sec if sec > 0 else 1.0, prov)
@@ -285,6 +308,14 @@ class OperatorCosts:
         if name.endswith("_proj") or name in ("lm_head", "router", "shared_experts"):
             return "gemm"
         return "elementwise"
+
+    def set_cpu_offload(self, layers: dict[str, int]) -> None:
+        """``--cpu-offload-gb``: ``layers[linear name]`` of each linear's layers keep their
+        weights in pinned CPU memory; each such layer's GEMM takes max(its time, weight bytes
+        read / hardware.pcie_bw_gbps), the GPU reading them over the host link (vLLM
+        ``UVAOffloader``, zero-copy), in every forward pass."""
+        self._uva = dict(layers)
+        self._dense_cache.clear()
 
     def set_scales(self, scales: dict[str, float]) -> None:
         """Multiply each op family's time by ``scales[family]`` (1 where absent)."""

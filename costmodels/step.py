@@ -272,6 +272,7 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         }
         self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
         self._dense_cache: dict[int, float] = {}
+        self._uva: dict[str, int] = {}  # --cpu-offload-gb: linear -> layers read over UVA
         self.scales: dict[str, float] = {}  # op family -> time factor (set_scales)
         self._attn_scale = 1.0
         self._head_cache: dict[int, float] = {}
@@ -516,6 +517,11 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
         from servesim.costmodels.lora import attach_lora
 
         attach_lora(model, cfg)
+    if getattr(cfg, "cpu_offload_gb", 0.0) > 0:
+        from servesim.costmodels.memory import uva_offload
+
+        model.set_cpu_offload(uva_offload(spec, model.weight_format, tp, pp,
+                                          cfg.cpu_offload_gb).layers)
     if cal is not None and cal.scales:
         model.set_scales(cal.scales)
     return model

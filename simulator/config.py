@@ -46,7 +46,7 @@ class ParallelConfig(_Section):
 # while at these values (their defaults), per section ("" = top level); ``dump_tree`` and the
 # cluster groups' resolved sections read it.
 OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
-    "": {"optimization_level": 2, "performance_mode": "balanced"},
+    "": {"optimization_level": 2, "performance_mode": "balanced", "cpu_offload_gb": 0.0},
     "cache": {"kv_offload": None, "kv_cache_memory_bytes": None},
     "scheduler": {"max_num_partial_prefills": 1, "max_long_partial_prefills": 1},
 }
@@ -189,6 +189,10 @@ class ExperimentConfig(_Section):
         "balanced", description="vLLM --performance-mode: throughput doubles the default "
         "max_num_seqs and max_num_batched_tokens; interactivity captures every CUDA-graph "
         "size from 1 to 32")
+    cpu_offload_gb: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="vLLM --cpu-offload-gb: GiB of "
+        "decoder-layer weights per GPU kept in pinned CPU memory (UVA) and read over the host "
+        "link (hardware.pcie_bw_gbps) in every forward pass, from the first layer on")
     # vLLM's speculative_config (None: off) and LoRAConfig: simulator/spec_decode.py, lora.py
     speculative_config: SpeculativeConfig | None = None
     lora: LoRAConfig = LoRAConfig()

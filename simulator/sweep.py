@@ -210,8 +210,13 @@ def _parse_override_item(item: Any, where: str) -> tuple[str, Any]:
 
 
 def _check_key(key: Any, where: str) -> str:
+    """A dotted path 'section.key', or a top-level engine flag (``optimization_level``,
+    ``performance_mode``, ``cpu_offload_gb``)."""
+    if isinstance(key, str) and key.strip() in config.OMITTED_AT_DEFAULT[""]:
+        return key.strip()
     if not isinstance(key, str) or len([p for p in key.split(".") if p]) < 2:
-        raise ConfigError(f"{where}: override key {key!r} must be a dotted path 'section.key'")
+        raise ConfigError(f"{where}: override key {key!r} must be a dotted path 'section.key' "
+                          f"or one of {', '.join(config.OMITTED_AT_DEFAULT[''])}")
     return key
 
 

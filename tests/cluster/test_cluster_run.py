@@ -45,6 +45,7 @@ def test_plain_config_has_no_cluster_keys_and_no_cluster_outputs(tmp_path):
     dumped["workload"].pop("warmup")
     dumped.pop("optimization_level")  # (vLLM's -O2 and balanced performance mode)
     dumped.pop("performance_mode")
+    dumped.pop("cpu_offload_gb")
     dumped["scheduler"].pop("max_num_partial_prefills")
     dumped["scheduler"].pop("max_long_partial_prefills")
     assert dumped == cfg.dump_tree(mode="json")

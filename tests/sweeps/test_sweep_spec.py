@@ -307,3 +307,16 @@ def test_inputs_hash_covers_the_draft_model_not_where_files_live(tmp_path, monke
     assert inputs_hash(plain) == here
 
     assert len(inputs_hash({"hardware": {"calibration": "cal\0.yaml"}})) == 16
+
+
+def test_top_level_engine_flags_are_sweepable(tmp_path):
+    """-O, --performance-mode and --cpu-offload-gb are top-level keys: arms may set them (a
+    'section.key' path is required otherwise)."""
+    spec = parse_spec(spec2(arms={"O0": {"optimization_level": 0},
+                                  "offload": ["cpu_offload_gb=2"]}), "sw.yaml")
+    pts = {p.arm: p for p in spec.points() if p.seed == 0 and p.rate == 1}
+    assert build_tree(spec.base_tree, pts["O0"].overrides, 0, 1)["optimization_level"] == 0
+    assert build_tree(spec.base_tree, pts["offload"].overrides, 0, 1)["cpu_offload_gb"] == 2
+    with pytest.raises(ConfigError, match="must be a dotted path 'section.key' or one of "
+                       "optimization_level, performance_mode, cpu_offload_gb"):
+        parse_spec(spec2(arms={"x": {"max_num_seqs": 4}}), "sw.yaml")
