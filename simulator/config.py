@@ -112,9 +112,9 @@ class CompilationConfig(_Section):
     ] | None = Field(
         None, description="null = as optimization_level sets it (FULL_AND_PIECEWISE at -O2, "
         "vLLM's default; PIECEWISE at -O1; NONE at -O0)")
-    max_cudagraph_capture_size: PositiveInt | None = Field(
-        None, description="Default min(2*max_num_seqs, 512)"
-    )
+    max_cudagraph_capture_size: int | None = Field(
+        None, ge=0, description="Default min(2*max_num_seqs*(1+k), 512, max_num_batched_tokens); "
+        "0 when no CUDA graph is used (cudagraph_mode NONE, enforce_eager), as vLLM resolves it")
     cudagraph_capture_sizes: list[PositiveInt] | None = None
 
 
@@ -557,7 +557,6 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             f"than the number of layers ({spec.num_hidden_layers})")
     comp = c.compilation
     comp.cudagraph_mode = cudagraph_mode(comp.cudagraph_mode, c.optimization_level)
-    k = c.speculative_config.num_speculative_tokens if c.speculative_config else 0
     if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
         sizes = cudagraph_sizes(c, s.max_num_seqs, s.max_num_batched_tokens)
         top = sizes[-1] if sizes else 0
@@ -568,8 +567,11 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
                 f"should be consistent with the max value of cudagraph_capture_sizes ({top})")
         comp.cudagraph_capture_sizes = sizes
         comp.max_cudagraph_capture_size = top
-    elif comp.max_cudagraph_capture_size is None:
-        comp.max_cudagraph_capture_size = min(2 * s.max_num_seqs * (1 + k), 512)
+    else:  # vLLM _set_cudagraph_sizes: no CUDA graph in use (--enforce-eager: mode NONE too)
+        if c.model.enforce_eager:
+            comp.cudagraph_mode = "NONE"
+        comp.max_cudagraph_capture_size = 0
+        comp.cudagraph_capture_sizes = []
     if c.cluster is not None:  # each instance group with vLLM's defaults for its own GPU
         from servesim.simulator.cluster.config import resolve_cluster
 

@@ -263,6 +263,17 @@ def test_optimization_level_sets_the_cudagraph_mode(level, asked, expected):
     assert _resolved(*sets).compilation.cudagraph_mode == expected
 
 
+def test_no_cuda_graph_resolves_as_vllm():
+    """``VllmConfig``: --enforce-eager sets cudagraph_mode NONE, max_cudagraph_capture_size 0
+    and no capture sizes (what it asked for is overridden); a NONE mode (-O0 here) resolves
+    the sizes the same way (``_set_cudagraph_sizes``: no cudagraph in use)."""
+    for sets in (["model.enforce_eager=true", "compilation.cudagraph_mode=FULL",
+                  "compilation.max_cudagraph_capture_size=64"], ["optimization_level=0"]):
+        comp = _resolved(*sets).compilation
+        assert (comp.cudagraph_mode, comp.max_cudagraph_capture_size,
+                comp.cudagraph_capture_sizes) == ("NONE", 0, [])
+
+
 def test_optimization_level_reaches_the_memory_plan_and_the_step_time():
     """-O0 plans and steps exactly as cudagraph_mode NONE (every kernel launched from the CPU),
     -O1 as PIECEWISE (graph pieces between eager attention kernels); both differ from the
