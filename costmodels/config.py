@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+)
 
 
 def human_readable_int(value: Any) -> Any:
@@ -37,11 +44,15 @@ AUTO_MAX_MODEL_LEN = -1  # vLLM --max-model-len -1 / auto: fit the length to the
 
 def _max_model_len(value: Any) -> Any:
     """vLLM's ``human_readable_int_or_auto``: ``auto`` or -1 → -1 (auto-fit), else
-    :func:`human_readable_int`; 0 and other negative lengths are refused."""
+    :func:`human_readable_int`."""
     if isinstance(value, str) and value.strip().lower() in ("auto", "-1"):
         return AUTO_MAX_MODEL_LEN
-    value = human_readable_int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value < 1 and value != -1:
+    return human_readable_int(value)
+
+
+def _positive_or_auto(value: int) -> int:
+    """After parsing: a positive length, or -1 (auto); 0 and other negatives are refused."""
+    if value < 1 and value != AUTO_MAX_MODEL_LEN:
         raise ValueError("expected a positive number of tokens, or auto (-1: the longest "
                          "that fits in the KV cache)")
     return value
@@ -117,8 +128,9 @@ class ModelConfig(_Section):
         description="A file in configs/models/ (HF config.json fields as YAML) or a path to a "
         "Hugging Face config.json",
     )
-    max_model_len: Annotated[int, BeforeValidator(_max_model_len)] | None = Field(
-        None, ge=-1, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
+    max_model_len: Annotated[int, BeforeValidator(_max_model_len),
+                             AfterValidator(_positive_or_auto)] | None = Field(
+        None, description="Context limit in tokens ('32k' = 32,000, '32K' = 32,768); "
         "default: what vLLM derives from the config.json (max_position_embeddings, RoPE "
         "scaling); auto or -1: that length, or the longest the KV cache holds when it is "
         "shorter")

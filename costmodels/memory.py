@@ -192,28 +192,6 @@ def _pad_vocab(v: int, tp: int) -> int:
     return -(-(-(-v // 64) * 64) // tp)
 
 
-def weight_bytes_per_rank(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: int = 1) -> int:
-    """Bytes of weights on the most loaded rank ("Model loading took X GiB").
-
-    Σ linears (TP-sharded, quantized format; experts: all E copies) over layers/pp + norms +
-    vocab-parallel embedding and LM head (first/last stage) + the rotary cos/sin cache.
-    """
-    total = 0.0
-    for lin in spec.linears():
-        n, k = lin.shard(tp)
-        wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
-        per_layer = lin.num_experts * (n * k * wb + (n * ACT_BYTES if lin.bias else 0))
-        total += per_layer * -(-lin.layers // pp)
-    h = spec.hidden_size
-    total += spec.norm_params_per_layer() * spec.layers_per_rank(pp) * ACT_BYTES
-    emb = _pad_vocab(spec.vocab_size, tp) * h * ACT_BYTES
-    head = 0 if (spec.tie_word_embeddings and pp == 1) else emb
-    total += emb + head + h * ACT_BYTES if pp == 1 else max(emb, head + h * ACT_BYTES)
-    max_pos = spec.max_position_embeddings
-    total += max_pos * (spec.rotary_dim or spec.head_dim) * ACT_BYTES  # cos_sin_cache
-    return int(total)
-
-
 def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
     """vLLM ``get_pp_indices``: L // pp layers per stage, the remainder one each to the
     stages before the last (from the second-to-last backwards)."""
@@ -227,17 +205,40 @@ def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
+def _layer_linears(spec: ModelSpec):
+    """(attention, dense MLP, MoE) linears of a decoder layer, each in vLLM's parameter order
+    (MoE: router gate, shared experts, routed experts)."""
+    lins = spec.linears()
+    dense = [x for x in lins if x.op in ("gate_up_proj", "down_proj")]
+    moe = ([x for x in lins if x.op == "router"] + [x for x in lins if x.op == "shared_experts"]
+           + [x for x in lins if x.op == "experts"])
+    attn = [x for x in lins if x not in dense and x not in moe]
+    return attn, dense, moe
+
+
+def _linear_bytes(lin, wf: WeightFormat, tp: int) -> float:
+    """One layer's parameters of ``lin`` on one TP rank (bytes; experts: all E copies)."""
+    n, k = lin.shard(tp)
+    wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
+    return lin.num_experts * (n * k * wb + (n * ACT_BYTES if lin.bias else 0))
+
+
 @dataclass(frozen=True)
 class UvaOffload:
     """What ``--cpu-offload-gb`` keeps in pinned CPU memory (vLLM ``UVAOffloader``): per
     stage, decoder-layer parameters from the stage's first layer on, in module order
-    (attention, then MLP or router + experts, then norms), until the offloaded bytes reach
-    the limit (the last parameter may pass it). ``bytes_per_rank``: the largest of the stages';
-    ``layers``: per linear (``Linear.name``), how many of its layers, over all stages, are
-    read over the host link."""
+    (attention, then the MLP: dense, or router + shared + routed experts; then norms), until
+    the offloaded bytes reach the limit (the last parameter may pass it). ``per_stage``: bytes
+    per pipeline stage (on each of its TP ranks); ``layers``: per linear (``Linear.name``), how
+    many of its layers, over all stages, are read over the host link."""
 
-    bytes_per_rank: int
+    per_stage: tuple[int, ...]
     layers: dict[str, int]
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """The largest stage's offload (what vLLM logs on that GPU)."""
+        return max(self.per_stage, default=0)
 
 
 def uva_offload(spec: ModelSpec, wf: WeightFormat, tp: int, pp: int,
@@ -245,35 +246,62 @@ def uva_offload(spec: ModelSpec, wf: WeightFormat, tp: int, pp: int,
     """:class:`UvaOffload` of ``limit_gib`` GiB per GPU (0: none)."""
     limit = limit_gib * GIB
     if limit <= 0:
-        return UvaOffload(0, {})
-    lins = spec.linears()
-    dense = [x for x in lins if x.op in ("gate_up_proj", "down_proj")]
-    moe = [x for x in lins if x.op in ("router", "experts", "shared_experts")]
-    attn = [x for x in lins if x not in dense and x not in moe]
-
-    def nbytes(lin) -> float:
-        n, k = lin.shard(tp)
-        wb = wf.bytes_per_param if lin.quantized else ACT_BYTES
-        return lin.num_experts * (n * k * wb + (n * ACT_BYTES if lin.bias else 0))
-
+        return UvaOffload((), {})
+    attn, dense, moe = _layer_linears(spec)
     norm = spec.norm_params_per_layer() * ACT_BYTES
     layers: dict[str, int] = {}
-    most = 0.0
+    per_stage = []
     for start, end in pp_layer_ranges(spec.num_hidden_layers, pp):
         off = 0.0
         for i in range(start, end):
             if off >= limit:
                 break
-            mlp = dense if i < spec.num_dense_layers else moe
-            for lin in attn + mlp:
+            for lin in attn + (moe if spec.is_moe_layer(i) else dense):
                 if off >= limit:
                     break
-                off += nbytes(lin)
+                off += _linear_bytes(lin, wf, tp)
                 layers[lin.name] = layers.get(lin.name, 0) + 1
             if off < limit:
                 off += norm
-        most = max(most, off)
-    return UvaOffload(int(most), layers)
+        per_stage.append(int(off))
+    return UvaOffload(tuple(per_stage), layers)
+
+
+def stage_weight_bytes(spec: ModelSpec, wf: WeightFormat, tp: int = 1,
+                       pp: int = 1) -> list[float]:
+    """Weights of each pipeline stage on one TP rank (bytes): its decoder layers
+    (:func:`pp_layer_ranges`; each layer's MLP dense or MoE by the model's rule) and their
+    norms, the vocab-parallel embedding on the first stage, the LM head (none when tied at
+    pp = 1) and the final norm on the last, the rotary cos/sin cache on every stage."""
+    attn, dense, moe = _layer_linears(spec)
+    a = sum(_linear_bytes(x, wf, tp) for x in attn) + spec.norm_params_per_layer() * ACT_BYTES
+    d = sum(_linear_bytes(x, wf, tp) for x in dense)
+    m = sum(_linear_bytes(x, wf, tp) for x in moe)
+    h = spec.hidden_size
+    emb = _pad_vocab(spec.vocab_size, tp) * h * ACT_BYTES
+    head = 0 if (spec.tie_word_embeddings and pp == 1) else emb
+    rope = spec.max_position_embeddings * (spec.rotary_dim or spec.head_dim) * ACT_BYTES
+    out = []
+    ranges = pp_layer_ranges(spec.num_hidden_layers, pp)
+    for r, (start, end) in enumerate(ranges):
+        t = sum(a + (m if spec.is_moe_layer(i) else d) for i in range(start, end)) + rope
+        if r == 0:
+            t += emb
+        if r == len(ranges) - 1:
+            t += head + h * ACT_BYTES
+        out.append(t)
+    return out
+
+
+def weight_bytes_per_rank(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: int = 1,
+                          offload: UvaOffload | None = None) -> int:
+    """Bytes of weights on the most loaded GPU ("Model loading took X GiB"): the largest of
+    :func:`stage_weight_bytes`, less what ``offload`` (``--cpu-offload-gb``) keeps in CPU
+    memory on that stage."""
+    stages = stage_weight_bytes(spec, wf, tp, pp)
+    if offload is not None and offload.per_stage:
+        stages = [w - o for w, o in zip(stages, offload.per_stage)]
+    return int(max(stages))
 
 
 def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int = 1) -> int:
@@ -332,9 +360,8 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     util = cfg.cache.gpu_memory_utilization
     total = hw.memory_bytes
     requested = int(total * util)
-    weights = weight_bytes_per_rank(spec, wf, tp, pp)
     offload = uva_offload(spec, wf, tp, pp, getattr(cfg, "cpu_offload_gb", 0.0))
-    weights -= offload.bytes_per_rank  # (--cpu-offload-gb: in pinned CPU memory)
+    weights = weight_bytes_per_rank(spec, wf, tp, pp, offload)
     kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
     draft_w, draft_kv, lora_b = _extra_memory(cfg, spec, hw, wf, tp, kvb)
     weights += draft_w + lora_b

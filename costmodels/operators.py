@@ -104,14 +104,38 @@ class OperatorCosts:
             sec += kernels * e.kernel_fixed_s
             prov = DEFAULT
         L = lin.layers
-        f = self._uva.get(lin.name, 0) if self._uva else 0
-        if f:  # --cpu-offload-gb: f layers' weights read over the host link (zero-copy UVA)
-            host = self._uva_read_s(lin, n, k, T)
-            if host > sec:
-                bound, prov = "host-link", SPEC_SHEET
-            return OpCost(name, L, sec * (L - f) + max(sec, host) * f, flops * L, nbytes * L,
-                          bound, eff, prov)
         return OpCost(name, L, sec * L, flops * L, nbytes * L, bound, eff, prov)
+
+    def _uva_op(self, T: int) -> OpCost | None:
+        """``--cpu-offload-gb``: the wait for the host link. An offloaded layer's linear takes
+        max(its own time × its family's scale, its weight bytes / pcie_bw_gbps): this op is
+        the excess over the own times, Σ layers × max(0, read − own), unscaled (the link is
+        not a kernel). Routed experts: both linears of a layer share the fused-MoE time when
+        it is measured."""
+        sc = self.scales
+        extra = nbytes = 0.0
+        moe = []
+        measured = self._moe_cache.get(T) if self.spec.num_moe_layers else None
+        for lin, n, k in self._gemms:
+            f = self._uva.get(lin.name, 0)
+            if not f:
+                continue
+            read = self._uva_read_s(lin, n, k, T)
+            nbytes += f * read * self.hw.pcie_bw_gbps * 1e9
+            if lin.op == "experts" and measured:
+                moe.append((f, read))
+                continue
+            own = self._gemm_op(lin.op, lin, n, k, T).seconds / lin.layers
+            extra += f * max(0.0, read - own * sc.get(self.op_family(lin.op), 1.0))
+        if moe:  # (w13 then w2 of a layer: offloaded together, or w13 alone at the boundary)
+            t = measured[0] * sc.get("moe", 1.0)
+            (f1, r1), (f2, r2) = moe if len(moe) == 2 else (moe[0], (0, 0.0))
+            both = min(f1, f2)
+            extra += (both * max(0.0, r1 + r2 - t) + (f1 - both) * max(0.0, r1 - t)
+                      + (f2 - both) * max(0.0, r2 - t))
+        if extra <= 0.0:
+            return None
+        return OpCost("uva_weight_reads", 1, extra, 0.0, nbytes, "host-link", 1.0, SPEC_SHEET)
 
     def _uva_read_s(self, lin: Linear, n: int, k: int, T: int) -> float:
         """Seconds to read one layer's weights of ``lin`` (per-rank ``n`` × ``k``; routed
@@ -234,6 +258,10 @@ class OperatorCosts:
         ops.extend(merged.values())
         if s.num_moe_layers:
             self._moe_from_table(ops, T)
+        if self._uva:
+            uva = self._uva_op(T)
+            if uva is not None:
+                ops.append(uva)
         if tp > 1:
             graph = 0 < T <= self._max_graph
             ops.append(self._comm("all_reduce", 2 * L + 1, T * h * ACT_BYTES, graph=graph))
@@ -259,13 +287,6 @@ class OperatorCosts:
         for i, op in enumerate(ops):
             if op.name == "experts":
                 sec = t * op.count
-                if self._uva:  # --cpu-offload-gb: offloaded layers wait for the host link
-                    host = [(self._uva.get(g.name, 0), self._uva_read_s(g, n, k, T))
-                            for g, n, k in self._gemms if g.op == "experts"]
-                    (f1, h1), (f2, h2) = host
-                    both = min(f1, f2)
-                    sec += both * max(0.0, h1 + h2 - t) + (f1 - both) * max(0.0, h1 - t) + (
-                        f2 - both) * max(0.0, h2 - t)
                 roof = max(op.flops / self.peak_w, op.bytes / self.bw)
                 ops[i] = OpCost(op.name, op.count, sec, op.flops, op.bytes, op.bound,
                                 roof / sec if sec > 0 else 1.0, prov)
@@ -305,17 +326,19 @@ class OperatorCosts:
             return "moe"
         if name in ("all_reduce", "pp_send_recv"):
             return "comm"
+        if name == "uva_weight_reads":
+            return "host_link"
         if name.endswith("_proj") or name in ("lm_head", "router", "shared_experts"):
             return "gemm"
         return "elementwise"
 
     def set_cpu_offload(self, layers: dict[str, int]) -> None:
         """``--cpu-offload-gb``: ``layers[linear name]`` of each linear's layers keep their
-        weights in pinned CPU memory; each such layer's GEMM takes max(its time, weight bytes
-        read / hardware.pcie_bw_gbps), the GPU reading them over the host link (vLLM
-        ``UVAOffloader``, zero-copy), in every forward pass."""
+        weights in pinned CPU memory, which the GPU reads over the host link in every forward
+        pass (vLLM ``UVAOffloader``, zero-copy): :meth:`_uva_op`."""
         self._uva = dict(layers)
         self._dense_cache.clear()
+        self._decode_step_cache.clear()
 
     def set_scales(self, scales: dict[str, float]) -> None:
         """Multiply each op family's time by ``scales[family]`` (1 where absent)."""

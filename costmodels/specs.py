@@ -304,15 +304,17 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         """Decoder layers with a routed-expert MLP (DeepSeek: after ``first_k_dense_replace``,
         every ``moe_layer_freq``-th)."""
-        if not self.is_moe:
-            return 0
-        freq = max(1, self.moe_layer_freq)
-        return sum(1 for i in range(self.first_k_dense_replace, self.num_hidden_layers)
-                   if i % freq == 0)
+        return sum(1 for i in range(self.num_hidden_layers) if self.is_moe_layer(i))
 
     @property
     def num_dense_layers(self) -> int:
         return self.num_hidden_layers - self.num_moe_layers
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer ``i`` has the routed-expert MLP (the rule of
+        :attr:`num_moe_layers`)."""
+        return (self.is_moe and i >= self.first_k_dense_replace
+                and i % max(1, self.moe_layer_freq) == 0)
 
     def linears(self) -> list[Linear]:
         """The decoder's linear modules (vLLM names), excluding embedding and LM head."""

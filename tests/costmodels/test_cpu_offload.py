@@ -64,23 +64,104 @@ def test_offload_frees_gpu_memory_for_the_kv_cache():
 
 
 def test_offloaded_layers_wait_for_the_host_link():
-    """Each offloaded layer's GEMM takes max(its own time, its weight bytes / 32 GB/s); the
-    rest is unchanged: a one-token decode step grows by Σ layers × (bytes/32e9 − own time)."""
+    """Each offloaded layer's linear takes max(its own time, its weight bytes / 32 GB/s): the
+    step gains one op, Σ layers × max(0, bytes/32e9 − own time), and every other op is
+    unchanged; a fitted GEMM scale scales the GEMMs' own times, not the link."""
     m0 = build_cost_model(make_cfg(*L8B))
     m1 = build_cost_model(make_cfg(*L8B, "cpu_offload_gb=1"))
-    for batch in (decode(1, 1000), prefill(2048)):
-        ops0 = {o.name: o for o in m0.step_time(batch).breakdown}
-        ops1 = {o.name: o for o in m1.step_time(batch).breakdown}
-        want = 0.0
-        for name, nbytes, layers in (("qkv_proj", QKV, 3), ("o_proj", O, 3),
-                                     ("gate_up_proj", GU, 3), ("down_proj", DOWN, 2)):
-            own = ops0[name].seconds / ops0[name].count
-            got = ops1[name].seconds - ops0[name].seconds
-            assert got == pytest.approx(layers * max(0.0, nbytes / 32e9 - own), rel=1e-9)
-            want += got
-        assert m1.step_seconds(batch) - m0.step_seconds(batch) == pytest.approx(want,
-                                                                               rel=1e-6)
-    assert ops1["gate_up_proj"].bound == "host-link"  # 7.3 ms per layer even for 2048 tokens
+    offloaded = (("qkv_proj", QKV, 3), ("o_proj", O, 3), ("gate_up_proj", GU, 3),
+                 ("down_proj", DOWN, 2))
+    for scale in (1.0, 1.5):
+        for m in (m0, m1):
+            m.set_scales({"gemm": scale} if scale != 1.0 else {})
+        for batch in (decode(1, 1000), prefill(2048)):
+            ops0 = {o.name: o for o in m0.step_time(batch).breakdown}
+            ops1 = {o.name: o for o in m1.step_time(batch).breakdown}
+            want = sum(f * max(0.0, nbytes / 32e9 - ops0[name].seconds / ops0[name].count)
+                       for name, nbytes, f in offloaded)
+            uva = ops1.pop("uva_weight_reads")
+            assert (uva.seconds, uva.bytes, uva.bound) == (
+                pytest.approx(want, rel=1e-12), sum(f * b for _, b, f in offloaded), "host-link")
+            assert {k: o.seconds for k, o in ops1.items() if k not in ("host", "kernel_launch")} \
+                == {k: o.seconds for k, o in ops0.items() if k not in ("host", "kernel_launch")}
+            assert m1.step_seconds(batch) - m0.step_seconds(batch) == pytest.approx(want,
+                                                                                   rel=1e-6)
+
+
+# Mixtral-8x7B at TP 2, bf16, per layer and rank: qkv (16 + 2·4) heads · 128 × 4096, o 4096 ×
+# 2048, router 4096 × 8 (replicated), w13 8 experts × 14336 × 4096, w2 8 × 4096 × 7168, norms
+MQKV, MO, MGATE, MW13, MW2, MNORM = (3072 * 4096 * 2, 4096 * 2048 * 2, 4096 * 8 * 2,
+                                     8 * 14336 * 4096 * 2, 8 * 4096 * 7168 * 2, 2 * 4096 * 2)
+MLAYER = MQKV + MO + MGATE + MW13 + MW2 + MNORM  # 1.3516 GiB
+
+
+def test_moe_offload_in_vllm_module_order():
+    """Mixtral: attention, router, routed experts (w13, w2), norms; 4 GiB spans layers 0-1 and
+    layer 2 up to its w2. DeepSeek-V3: its 3 dense layers, then router, shared experts, routed
+    experts (vLLM's registration order); a moe_layer_freq of 2 makes every other layer dense."""
+    from dataclasses import replace
+
+    mix = load_model_spec(ModelConfig(name="mixtral-8x7b"))
+    u = uva_offload(mix, BF16, 2, 1, 4)
+    assert u.per_stage == (3 * MLAYER - MNORM,)
+    assert u.layers == {"qkv_proj": 3, "o_proj": 3, "gate": 3, "experts.w13": 3,
+                        "experts.w2": 3}
+    ds = load_model_spec(ModelConfig(name="deepseek-v3"))
+    assert list(uva_offload(ds, BF16, 8, 1, 4).layers) == [
+        "fused_qkv_a_proj", "q_b_proj", "kv_b_proj", "o_proj", "gate_up_proj", "down_proj",
+        "gate", "shared_experts.gate_up_proj", "shared_experts.down_proj", "experts.w13",
+        "experts.w2"]
+    alt = replace(ds, first_k_dense_replace=1, moe_layer_freq=2)
+    assert [alt.is_moe_layer(i) for i in range(6)] == [False, False, True, False, True, False]
+    every = uva_offload(alt, BF16, 8, 1, 10_000).layers
+    assert (every["gate_up_proj"], every["gate"], every["o_proj"]) == (31, 30, 61)
+
+
+def test_moe_step_reads_only_the_experts_hit():
+    """A routed-expert layer reads over the link only the experts the step's tokens hit,
+    E·(1 − (1 − k/E)^T) of 8 (top-2); with the measured fused-MoE time both linears of a
+    layer share it: 3 layers × max(0, read(w13) + read(w2) − t)."""
+    base = ("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+            "parallel.tensor_parallel_size=2")
+    for cal in ("hardware.calibration=none", None):
+        extra = (cal,) if cal else ()
+        m0 = build_cost_model(make_cfg(*base, *extra))
+        m1 = build_cost_model(make_cfg(*base, *extra, "cpu_offload_gb=4"))
+        for T in (1, 64):
+            hit = 8 * (1 - (1 - 2 / 8) ** T)
+            reads = {"qkv_proj": MQKV, "o_proj": MO, "gate": MGATE, "experts.w13": MW13 * hit / 8,
+                     "experts.w2": MW2 * hit / 8}
+            m0.step_time(decode(T, 100 * T))
+            own = {lin.name: m0._gemm_op(lin.op, lin, n, k, T).seconds / lin.layers
+                   for lin, n, k in m0._gemms}
+            measured = m0._moe_cache.get(T) if cal is None else None
+            assert (measured is not None) == (cal is None)  # (H100's file tables Mixtral's MoE)
+            want = sum(3 * max(0.0, reads[x] / 64e9 - own[x])
+                       for x in reads if not (measured and x.startswith("experts")))
+            if measured:
+                want += 3 * max(0.0, (reads["experts.w13"] + reads["experts.w2"]) / 64e9
+                                - measured[0])
+            got = {o.name: o for o in m1.step_time(decode(T, 100 * T)).breakdown}
+            assert got["uva_weight_reads"].seconds == pytest.approx(want, rel=1e-9), (cal, T)
+
+
+def test_pipeline_stages_weigh_their_own_layers():
+    """The most loaded GPU is the largest stage's weights less its own offload. DeepSeek-V3 at
+    PP 2: 61 layers split 31 / 30 (vLLM), stage 0 with the 3 dense layers and the embedding,
+    stage 1 with the LM head and final norm; the stages partition the model (each keeps a
+    rotary cache)."""
+    from servesim.costmodels.memory import stage_weight_bytes, weight_bytes_per_rank
+
+    ds = load_model_spec(ModelConfig(name="deepseek-v3"))
+    fp8 = WeightFormat("fp8", 1.0 + 4 / (128 * 128), "fp8")
+    s0, s1 = stage_weight_bytes(ds, fp8, 8, 2)
+    (whole,) = stage_weight_bytes(ds, fp8, 8, 1)
+    rope = ds.max_position_embeddings * ds.qk_rope_head_dim * 2
+    assert s0 + s1 - rope == pytest.approx(whole, abs=1)
+    assert weight_bytes_per_rank(ds, fp8, 8, 2) == int(max(s0, s1))
+    off = uva_offload(ds, fp8, 8, 2, 40)
+    keep = weight_bytes_per_rank(ds, fp8, 8, 2, off)
+    assert keep == int(max(s0 - off.per_stage[0], s1 - off.per_stage[1])) > 0
 
 
 def test_cpu_offload_gb_is_validated():
