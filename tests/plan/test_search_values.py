@@ -179,4 +179,10 @@ def test_first_guess_by_value():
     prefill2 = 2 * params * 1000 / (312e12 * 2 * 0.5)
     decode2 = 200 * (params * 2 / (2039e9 * 2 * 0.8) + 0.003) / 64
     assert first_guess_rps(tp2) == pytest.approx(0.7 / (prefill2 + decode2), rel=1e-12)
+    # --cpu-offload-gb 4: each decode step also reads 4 GiB over PCIe4 (32 GB/s)
+    off = load_config(None, ["model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "workload.input_len=1000", "workload.output_len=200",
+                             "cpu_offload_gb=4"])
+    decode_off = 200 * (params * 2 / (2039e9 * 0.8) + 4 * 2**30 / 32e9 + 0.003) / 64
+    assert first_guess_rps(off) == pytest.approx(0.7 / (prefill_s + decode_off), rel=1e-12)
     assert first_guess_rps(object()) == 1.0
