@@ -31,3 +31,17 @@ def test_readme_policy_example():
             if rid not in order:
                 order.append(rid)
     assert order == ["third", "second", "first"]
+
+
+def test_readme_config_overview_is_a_valid_config():
+    """"The config in two minutes" lists every section with its defaults: it validates and
+    resolves, and each key it shows at vLLM's default resolves to the value it claims."""
+    import yaml
+    from servesim.simulator.config import resolve_config, validate_tree
+
+    text = README.read_text()
+    block = text[text.index("## The config in two minutes"):].split("```yaml")[1].split("```")[0]
+    cfg = resolve_config(validate_tree(yaml.safe_load(block), "README.md"))
+    assert (cfg.model.max_model_len, cfg.cache.gpu_memory_utilization, cfg.cache.block_size,
+            cfg.optimization_level, cfg.cpu_offload_gb) == (8192, 0.92, 16, 2, 0.0)
+    assert cfg.compilation.cudagraph_mode == "FULL_AND_PIECEWISE"
