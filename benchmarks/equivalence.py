@@ -60,6 +60,11 @@ CASES: dict[str, tuple[Path | None, list[str]]] = {
     "a100_lfu": (A100, ["cache.allocator=paged_lfu", "workload.prefix_len=200",
                         "cache.num_gpu_blocks_override=1500", "model.max_model_len=24000", "workload.request_rate=20"]),
     "a100_contiguous": (A100, ["cache.allocator=contiguous", "model.max_model_len=4096"]),
+    # --cpu-offload-gb (UVA weight reads every step) and max_model_len auto on a small cache
+    "a100_weight_offload": (A100, ["cpu_offload_gb=2", "workload.request_rate=20"]),
+    "mistral_auto_len": (A100, ["model.name=mistral-7b-v0.1", "model.max_model_len=auto",
+                                "cache.num_gpu_blocks_override=900", "workload.input_len=3000",
+                                "workload.num_prompts=200", "workload.request_rate=4"]),
     "mistral_sliding_window": (A100, ["model.name=mistral-7b-v0.1", "workload.input_len=6000",
                                       "workload.num_prompts=200", "workload.request_rate=2"]),
     "mistral_sw_prefix": (A100, ["model.name=mistral-7b-v0.1", "workload.input_len=6000",
