@@ -169,3 +169,16 @@ def test_cpu_offload_gb_is_validated():
         with pytest.raises(ConfigError, match="cpu_offload_gb"):
             make_cfg(*L8B, f"cpu_offload_gb={bad}")
     assert "cpu_offload_gb" not in make_cfg(*L8B).dump_tree()  # unset: dumps and hashes as before
+
+
+def test_router_stays_bf16_in_a_quantized_model():
+    """vLLM keeps the MoE router (``gate``) unquantized: DeepSeek-V3's (7168 × 256, + a 256
+    bias for noaux_tc routing) weighs 2 bytes a weight in an fp8 checkpoint, replicated over TP;
+    a whole stage (default pp = 1) is the model."""
+    from servesim.costmodels.memory import _layer_linears, _linear_bytes, stage_weight_bytes
+
+    ds = load_model_spec(ModelConfig(name="deepseek-v3"))
+    fp8 = WeightFormat("fp8", 1.0 + 4 / (128 * 128), "fp8")
+    gate = next(x for x in _layer_linears(ds)[2] if x.op == "router")
+    assert _linear_bytes(gate, fp8, 8) == 7168 * 256 * 2 + 256 * 2
+    assert stage_weight_bytes(ds, fp8, 8) == stage_weight_bytes(ds, fp8, 8, 1)
