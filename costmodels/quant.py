@@ -107,7 +107,8 @@ def resolve_weight_format(model_cfg: ModelConfig, spec: ModelSpec,
 
 
 def kv_cache_dtype_bytes(cache_dtype: str) -> int:
-    """Bytes per cached K/V element: ``auto`` → 2 (bf16/fp16), ``fp8*`` → 1."""
+    """Bytes per cached K/V element: ``auto`` (the model's 16-bit dtype), ``float16``,
+    ``bfloat16`` → 2, ``fp8*`` → 1."""
     return 1 if cache_dtype.startswith("fp8") else 2
 
 

@@ -70,7 +70,9 @@ class CacheConfig(_Section):
         0.92, gt=0, le=1, description="vLLM --gpu-memory-utilization (0.92: vLLM 0.22.1's default; "
         "older releases: 0.9)")
     enable_prefix_caching: bool = True
-    cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="vLLM --kv-cache-dtype: auto (the model's dtype), float16 and "
+        "bfloat16 (2 bytes), fp8 / fp8_e4m3 / fp8_e5m2 (1 byte)")
     num_gpu_blocks_override: PositiveInt | None = None
     kv_cache_memory_bytes: Bytes | None = Field(
         None, ge=1, le=2**63 - 1, description="vLLM --kv-cache-memory-bytes: KV cache per GPU "

@@ -274,3 +274,21 @@ def test_cudagraph_pool_can_count_against_kv():
     assert b.num_gpu_blocks < a.num_gpu_blocks
     eager = plan_memory(make_cfg(*L8B, "model.enforce_eager=true"))
     assert eager.cudagraph_bytes == 0
+
+
+def test_explicit_16_bit_kv_cache_dtypes_are_auto_sized():
+    """vLLM's --kv-cache-dtype float16 / bfloat16 store 2 bytes per element, as auto does for a
+    bf16 model: the same blocks and step times."""
+    from servesim.costmodels import build_cost_model
+    from servesim.costmodels.batch import BatchShape
+
+    auto = plan_memory(make_cfg(*L8B))
+    batch = BatchShape(8, 8000, 0, (), (), 8)
+    t_auto = build_cost_model(make_cfg(*L8B)).step_seconds(batch)
+    for dt in ("float16", "bfloat16"):
+        p = plan_memory(make_cfg(*L8B, f"cache.cache_dtype={dt}"))
+        assert (p.num_gpu_blocks, p.kv_bytes_per_token) == (auto.num_gpu_blocks, 128 * 1024)
+        assert build_cost_model(make_cfg(*L8B, f"cache.cache_dtype={dt}")).step_seconds(
+            batch) == t_auto
+    with pytest.raises(ConfigError, match="cache.cache_dtype"):
+        make_cfg(*L8B, "cache.cache_dtype=nvfp4")
