@@ -47,6 +47,8 @@ def _max_model_len(value: Any) -> Any:
     :func:`human_readable_int`."""
     if isinstance(value, str) and value.strip().lower() in ("auto", "-1"):
         return AUTO_MAX_MODEL_LEN
+    if isinstance(value, bool):  # (YAML yes/no/true/false; pydantic reports a ValueError)
+        raise ValueError("expected a number of tokens, or auto, not a boolean")  # noqa: TRY004
     return human_readable_int(value)
 
 

@@ -152,11 +152,12 @@ def resolved_cudagraph_mode(cfg) -> str:
     return cudagraph_mode(cfg.compilation.cudagraph_mode, getattr(cfg, "optimization_level", 2))
 
 
-def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int,
+                    spec_rounding: bool = True) -> list[int]:
     """The CUDA-graph capture sizes (tokens) of an experiment config, resolved or not; [] when
     graphs are off (mode NONE, ``enforce_eager``): :func:`capture_sizes` with the config's
-    settings, then, with speculative decoding and FULL decode graphs, rounded to multiples of
-    1 + k (``adjust_cudagraph_sizes_for_spec_decode``)."""
+    settings, then (``spec_rounding``), with speculative decoding and FULL decode graphs,
+    rounded to multiples of 1 + k (``adjust_cudagraph_sizes_for_spec_decode``)."""
     mode = resolved_cudagraph_mode(cfg)
     if mode == "NONE" or cfg.model.enforce_eager:
         return []
@@ -166,7 +167,7 @@ def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int) -> list
     sizes = capture_sizes(max_num_seqs, max_num_batched_tokens, comp.max_cudagraph_capture_size,
                           comp.cudagraph_capture_sizes, decode_query_len=1 + k,
                           interactivity=getattr(cfg, "performance_mode", "") == "interactivity")
-    if k and mode != "PIECEWISE":
+    if k and mode != "PIECEWISE" and spec_rounding:
         from servesim.costmodels.spec_decode import adjust_cudagraph_sizes_for_spec_decode
 
         sizes = adjust_cudagraph_sizes_for_spec_decode(sizes, 1 + k, sizes[-1] if sizes else 0)

@@ -560,15 +560,27 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     comp = c.compilation
     comp.cudagraph_mode = cudagraph_mode(comp.cudagraph_mode, c.optimization_level)
     if comp.cudagraph_mode != "NONE" and not c.model.enforce_eager:
-        sizes = cudagraph_sizes(c, s.max_num_seqs, s.max_num_batched_tokens)
-        top = sizes[-1] if sizes else 0
-        if (comp.cudagraph_capture_sizes is not None and comp.max_cudagraph_capture_size
-                is not None and comp.max_cudagraph_capture_size != top):
+        # VllmConfig._set_cudagraph_sizes (checks on the sizes before the spec-decode rounding
+        # that the model runner applies later)
+        if comp.max_cudagraph_capture_size == 0:
             raise ConfigError(
-                f"compilation.max_cudagraph_capture_size ({comp.max_cudagraph_capture_size}) "
-                f"should be consistent with the max value of cudagraph_capture_sizes ({top})")
+                "compilation.max_cudagraph_capture_size: Maximum cudagraph size should be "
+                "greater than or equal to 1 when using cuda graph (vLLM)")
+        if comp.cudagraph_capture_sizes is not None and not comp.cudagraph_capture_sizes:
+            raise ConfigError(
+                "compilation.cudagraph_capture_sizes: cudagraph_capture_sizes should contain "
+                "at least one element when using cuda graph (vLLM)")
+        sizes = cudagraph_sizes(c, s.max_num_seqs, s.max_num_batched_tokens)
+        if comp.cudagraph_capture_sizes is not None and comp.max_cudagraph_capture_size is not None:
+            valid = cudagraph_sizes(c, s.max_num_seqs, s.max_num_batched_tokens,
+                                    spec_rounding=False)
+            if comp.max_cudagraph_capture_size != (valid[-1] if valid else 0):
+                raise ConfigError(
+                    f"compilation.max_cudagraph_capture_size ({comp.max_cudagraph_capture_size}) "
+                    "should be consistent with the max value of cudagraph_capture_sizes "
+                    f"({valid[-1] if valid else 0})")
         comp.cudagraph_capture_sizes = sizes
-        comp.max_cudagraph_capture_size = top
+        comp.max_cudagraph_capture_size = sizes[-1] if sizes else 0
     else:  # vLLM _set_cudagraph_sizes: no CUDA graph in use (--enforce-eager: mode NONE too)
         if c.model.enforce_eager:
             comp.cudagraph_mode = "NONE"

@@ -203,8 +203,9 @@ def first_guess_rps(cfg: Any, mem: Any = None) -> float:
     """A rough per-replica capacity (req/s) to start bracketing from (roofline, no queueing).
 
     Per request: prefill = 2 · active params · prompt tokens FLOPs at 50% of peak; decode in a
-    batch of 64 = one weight read per step (at 80% of HBM bandwidth, plus ``cpu_offload_gb``
-    over the host link) shared by 64 requests, for each output token. Both share the GPUs, so times add; the guess is 70% of 1 / total.
+    batch of 64 = one weight read per step (at 80% of HBM bandwidth, plus what
+    ``cpu_offload_gb`` offloaded per GPU, over the host link) shared by 64 requests, for each
+    output token. Both share the GPUs, so times add; the guess is 70% of 1 / total.
     Any missing ingredient falls back to 1 req/s: the doubling/halving bracket fixes the rest.
     """
     try:
@@ -217,8 +218,11 @@ def first_guess_rps(cfg: Any, mem: Any = None) -> float:
         params = float(spec.num_active_params)
         prefill_s = 2 * params * prompt / (hw.peak_flops("bf16") * gpus * 0.5)
         weight_read_s = params * spec.dtype_bytes / (hw.mem_bw * gpus * 0.8)
-        # --cpu-offload-gb: every step also reads that much per GPU over the host link
-        weight_read_s += getattr(cfg, "cpu_offload_gb", 0.0) * 2**30 / (hw.pcie_bw_gbps * 1e9)
+        # --cpu-offload-gb: every step also reads what each GPU offloaded over its host link
+        off = (getattr(mem, "cpu_offload_bytes", 0) if mem is not None
+               else min(getattr(cfg, "cpu_offload_gb", 0.0) * 2**30,
+                        params * spec.dtype_bytes / gpus))
+        weight_read_s += off / (hw.pcie_bw_gbps * 1e9)
         decode_s = out * (weight_read_s + 0.003) / 64
         guess = 0.7 / (prefill_s + decode_s)
         return guess if math.isfinite(guess) and guess > 0 else 1.0

@@ -104,10 +104,15 @@ def test_token_counts_take_the_human_readable_form_too():
 
     cfg = load_config(None, ["model.max_model_len=32K", "scheduler.max_num_batched_tokens=16k"])
     assert (cfg.model.max_model_len, cfg.scheduler.max_num_batched_tokens) == (32768, 16000)
-    for bad in ("0", "-2", "false", "'0'", "0.0", "'0k'"):  # (after parsing: 0 tokens)
+    for bad in ("0", "-2", "'0'", "0.0", "'0k'"):  # (after parsing: 0 tokens)
         with pytest.raises(ConfigError, match="model.max_model_len: expected a positive number "
                            r"of tokens, or auto \(-1: the longest that fits in the KV cache\)"):
             load_config(None, [f"model.max_model_len={bad}"])
+    with pytest.raises(ConfigError, match="model.max_model_len: expected a number of tokens, "
+                       "or auto, not a boolean"):
+        load_config(None, ["model.max_model_len=true"])
+    with pytest.raises(ConfigError, match="not a boolean"):
+        load_config(None, ["model.max_model_len=false"])
 
 
 def test_human_readable_binary_suffix_refuses_decimals():

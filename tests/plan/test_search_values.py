@@ -185,4 +185,10 @@ def test_first_guess_by_value():
                              "cpu_offload_gb=4"])
     decode_off = 200 * (params * 2 / (2039e9 * 0.8) + 4 * 2**30 / 32e9 + 0.003) / 64
     assert first_guess_rps(off) == pytest.approx(0.7 / (prefill_s + decode_off), rel=1e-12)
+    # an offload larger than the model reads at most the model's weights (params · 2 bytes)
+    whole = load_config(None, ["model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                               "workload.input_len=1000", "workload.output_len=200",
+                               "cpu_offload_gb=100"])
+    decode_all = 200 * (params * 2 / (2039e9 * 0.8) + params * 2 / 32e9 + 0.003) / 64
+    assert first_guess_rps(whole) == pytest.approx(0.7 / (prefill_s + decode_all), rel=1e-12)
     assert first_guess_rps(object()) == 1.0

@@ -568,3 +568,27 @@ def test_sliding_window_memory_plan_blocks_per_request():
     plan = plan_memory(c)
     # ceil(min(4096 − 1 + 2048, 32768) / 16) + 1
     assert plan.blocks_per_request == -(-(4096 - 1 + 2048) // 16) + 1 == 385
+
+
+def test_cuda_graph_size_checks_as_vllm():
+    """``VllmConfig._set_cudagraph_sizes`` with graphs in use: a maximum of 0 and an empty
+    size list are refused with vLLM's messages; the max/list consistency is checked before
+    the spec-decode rounding (EAGLE k = 3: [1, 2, 3, 5, 6] with max 6 is consistent, then
+    rounds to multiples of 4 within 6: [4])."""
+    from servesim.simulator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Maximum cudagraph size should be greater than or "
+                       "equal to 1 when using cuda graph"):
+        _resolved("compilation.max_cudagraph_capture_size=0")
+    with pytest.raises(ConfigError, match="cudagraph_capture_sizes should contain at least one "
+                       "element when using cuda graph"):
+        _resolved("compilation.cudagraph_capture_sizes=[]")
+    eagle = Path(__file__).resolve().parents[2] / "configs" / "llama8b_h100_eagle.yaml"
+    comp = resolve_config(load_config(eagle, ["compilation.cudagraph_capture_sizes=[1,2,3,5,6]",
+                                              "compilation.max_cudagraph_capture_size=6"])
+                          ).compilation
+    assert (comp.cudagraph_capture_sizes, comp.max_cudagraph_capture_size) == ([4], 4)
+    with pytest.raises(ConfigError, match=r"\(5\) should be consistent with the max value of "
+                       r"cudagraph_capture_sizes \(6\)"):
+        resolve_config(load_config(eagle, ["compilation.cudagraph_capture_sizes=[1,2,3,5,6]",
+                                           "compilation.max_cudagraph_capture_size=5"]))
