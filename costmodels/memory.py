@@ -403,6 +403,18 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             available -= graphs
     bs = cfg.cache.block_size or kv_block_size(spec, hw, cfg.cache.cache_dtype)
     per_token = spec.kv_bytes_per_token(kvb, tp, pp) + draft_kv
+    if pp > 1:  # vLLM get_kv_cache_configs: every stage gets the smallest stage's block count
+        per_layer = spec.kv_elems_per_token_per_layer(tp) * kvb
+        stage_w = stage_weight_bytes(spec, wf, tp, pp)
+        fewest = None
+        for r, (start, end) in enumerate(pp_layer_ranges(spec.num_hidden_layers, pp)):
+            w_r = stage_w[r] - (offload.per_stage[r] if offload.per_stage else 0)
+            a_r = available if explicit is not None else (
+                available + weights - int(w_r) - draft_w - lora_b)
+            t_r = int((end - start) * per_layer) + draft_kv
+            if fewest is None or a_r // (bs * t_r) < fewest[0]:
+                fewest = (a_r // (bs * t_r), a_r, t_r)
+        _, available, per_token = fewest
     block_bytes = bs * per_token
     if available <= 0:
         raise CapacityError(

@@ -182,3 +182,28 @@ def test_router_stays_bf16_in_a_quantized_model():
     gate = next(x for x in _layer_linears(ds)[2] if x.op == "router")
     assert _linear_bytes(gate, fp8, 8) == 7168 * 256 * 2 + 256 * 2
     assert stage_weight_bytes(ds, fp8, 8) == stage_weight_bytes(ds, fp8, 8, 1)
+
+
+def test_pipeline_stages_share_the_smallest_block_count():
+    """vLLM ``get_kv_cache_configs``: each stage's KV memory (the utilization budget less its
+    own weights, the activation peak, non-torch memory) over its own layers' KV bytes per
+    block; every stage gets the smallest count. DeepSeek-V3 TP 8 PP 2 on H200: stage 0 (31
+    layers, the 3 dense ones and the embedding) limits, not the heavier stage 1 (30 MoE)."""
+    from servesim.costmodels.memory import stage_weight_bytes
+
+    cfg = make_cfg("model.name=deepseek-v3", "hardware.name=h200-sxm",
+                   "parallel.tensor_parallel_size=8", "parallel.pipeline_parallel_size=2",
+                   "model.max_model_len=32768", "model.quantization=fp8")
+    p = plan_memory(cfg)
+    ds = load_model_spec(ModelConfig(name="deepseek-v3"))
+    fp8 = WeightFormat("fp8", 1.0 + 4 / (128 * 128), "fp8")
+    s0, s1 = stage_weight_bytes(ds, fp8, 8, 2)
+    assert p.weights_bytes == int(s1) > s0  # the heavier stage is reported
+    base = p.requested_bytes - p.activation_peak_bytes - p.non_torch_bytes - p.comm_bytes
+    if p.cudagraph_in_kv_budget:
+        base -= p.cudagraph_bytes
+    per_layer_block = p.block_size * 576 * 2  # MLA: 576 bf16 elements a token and layer
+    blocks = [(base - int(s0)) // (31 * per_layer_block),
+              (base - int(s1)) // (30 * per_layer_block)]
+    assert p.num_gpu_blocks == min(blocks) == blocks[0]
+    assert p.kv_bytes_per_token == 31 * 576 * 2
