@@ -293,15 +293,21 @@ def stage_weight_bytes(spec: ModelSpec, wf: WeightFormat, tp: int = 1,
     return out
 
 
-def weight_bytes_per_rank(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: int = 1,
-                          offload: UvaOffload | None = None) -> int:
-    """Bytes of weights on the most loaded GPU ("Model loading took X GiB"): the largest of
-    :func:`stage_weight_bytes`, less what ``offload`` (``--cpu-offload-gb``) keeps in CPU
-    memory on that stage."""
+def gpu_stage_weight_bytes(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: int = 1,
+                           offload: UvaOffload | None = None) -> list[int]:
+    """:func:`stage_weight_bytes` less what ``offload`` (``--cpu-offload-gb``) keeps in CPU
+    memory on each stage: the weights on each stage's GPUs (bytes)."""
     stages = stage_weight_bytes(spec, wf, tp, pp)
     if offload is not None and offload.per_stage:
         stages = [w - o for w, o in zip(stages, offload.per_stage)]
-    return int(max(stages))
+    return [int(w) for w in stages]
+
+
+def weight_bytes_per_rank(spec: ModelSpec, wf: WeightFormat, tp: int = 1, pp: int = 1,
+                          offload: UvaOffload | None = None) -> int:
+    """Bytes of weights on the most loaded GPU ("Model loading took X GiB"): the largest of
+    :func:`gpu_stage_weight_bytes`."""
+    return max(gpu_stage_weight_bytes(spec, wf, tp, pp, offload))
 
 
 def forward_activation_bytes(spec: ModelSpec, tokens: int, tp: int = 1) -> int:
@@ -361,10 +367,10 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     total = hw.memory_bytes
     requested = int(total * util)
     offload = uva_offload(spec, wf, tp, pp, getattr(cfg, "cpu_offload_gb", 0.0))
-    weights = weight_bytes_per_rank(spec, wf, tp, pp, offload)
     kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
     draft_w, draft_kv, lora_b = _extra_memory(cfg, spec, hw, wf, tp, kvb)
-    weights += draft_w + lora_b
+    stage_w = [w + draft_w + lora_b for w in gpu_stage_weight_bytes(spec, wf, tp, pp, offload)]
+    weights = max(stage_w)
     where = (f"{spec.name} on {hw.name} (tensor_parallel_size={tp}, "
              f"pipeline_parallel_size={pp})")
     explicit = getattr(cfg.cache, "kv_cache_memory_bytes", None)
@@ -402,19 +408,16 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         if co.cudagraph_in_kv_budget:
             available -= graphs
     bs = cfg.cache.block_size or kv_block_size(spec, hw, cfg.cache.cache_dtype)
-    per_token = spec.kv_bytes_per_token(kvb, tp, pp) + draft_kv
-    if pp > 1:  # vLLM get_kv_cache_configs: every stage gets the smallest stage's block count
-        per_layer = spec.kv_elems_per_token_per_layer(tp) * kvb
-        stage_w = stage_weight_bytes(spec, wf, tp, pp)
-        fewest = None
-        for r, (start, end) in enumerate(pp_layer_ranges(spec.num_hidden_layers, pp)):
-            w_r = stage_w[r] - (offload.per_stage[r] if offload.per_stage else 0)
-            a_r = available if explicit is not None else (
-                available + weights - int(w_r) - draft_w - lora_b)
-            t_r = int((end - start) * per_layer) + draft_kv
-            if fewest is None or a_r // (bs * t_r) < fewest[0]:
-                fewest = (a_r // (bs * t_r), a_r, t_r)
-        _, available, per_token = fewest
+    # vLLM get_kv_cache_configs: each stage's KV memory over its own layers' KV bytes; every
+    # stage gets the smallest block count (one stage at pp = 1)
+    per_layer = spec.kv_elems_per_token_per_layer(tp) * kvb
+    fewest = None
+    for w_r, (start, end) in zip(stage_w, pp_layer_ranges(spec.num_hidden_layers, pp)):
+        a_r = available if explicit is not None else available + weights - w_r
+        t_r = int((end - start) * per_layer) + draft_kv
+        if fewest is None or a_r // (bs * t_r) < fewest[0]:
+            fewest = (a_r // (bs * t_r), a_r, t_r)
+    _, available, per_token = fewest
     block_bytes = bs * per_token
     if available <= 0:
         raise CapacityError(

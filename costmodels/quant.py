@@ -32,12 +32,12 @@ class WeightFormat:
 
 
 INT4_GROUP = 128
-INT4_BYTES = 0.5 + 2 / INT4_GROUP  # 4-bit weight + one fp16 scale per 128 weights
 
 
 def _wna16_bytes(spec: ModelSpec) -> tuple[int, float]:
     """(bits, bytes per weight) of a W4A16/W8A16 checkpoint: ``bits``/8 + one fp16 scale per
-    ``group_size`` weights (-1: per output channel, one per ``hidden_size`` weights)."""
+    ``group_size`` weights (-1: per output channel, one per ``hidden_size`` weights); without
+    a quantization_config (a what-if on an unquantized checkpoint): 4 bits, groups of 128."""
     qc = spec.raw.get("quantization_config") or {}
     qc = qc if isinstance(qc, dict) else {}
     bits = qc.get("bits", qc.get("w_bit", 4))
@@ -96,8 +96,7 @@ def resolve_weight_format(model_cfg: ModelConfig, spec: ModelSpec,
             return WeightFormat("int8", 1.0, "int8", "W8A8 int8 at the int8 tensor rate")
         return WeightFormat("int8", 1.0, "bf16", "no int8 tensor rate known: bf16 FLOP rate")
     if q in ("int4-awq", "int4-gptq"):
-        bits, nbytes = _wna16_bytes(spec) if (spec.quant_method or "").lower() in ("awq", "gptq") else (
-            4, INT4_BYTES)
+        bits, nbytes = _wna16_bytes(spec)
         name = q if bits == 4 else q.replace("int4", "int8")
         return WeightFormat(name, nbytes, "bf16",
                             f"W{bits}A16: bytes saved, FLOPs at bf16 rate")
