@@ -85,6 +85,10 @@ def summary_lines(bench: dict) -> list[str]:
         lines.append(_row("  IPC hop, each way (ms):", 1e3 * p.get("ipc_s", 0), ".3f"))
         lines.append(_row("  detokenize+SSE per token (us):",
                           1e6 * p.get("detokenize_per_token_s", 0), ".3f"))
+        if fe.get("stream_interval"):
+            lines.append(_row("  stream interval (tokens):", fe["stream_interval"]))
+            lines.append(_row("  of which SSE, per chunk (us):",
+                              1e6 * p.get("stream_chunk_s", 0), ".3f"))
     if bench.get("simulated"):
         lines.append("{s:{c}^{n}}".format(s="servesim", n=WIDTH, c="-"))
         lines.append(_row("GPU KV cache blocks:", bench.get("num_gpu_blocks")))

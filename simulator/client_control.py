@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from servesim.simulator.frontend import FE_SENT
 from servesim.simulator.request import Request
 
 
@@ -106,6 +107,9 @@ class ClientControl:
             if got is not None:
                 req.num_output_tokens, req.first_token_time = got
                 break
+        fe = req.fe
+        if fe is not None and len(fe) > FE_SENT:  # stream_interval > 1: what was sent
+            req.num_output_tokens = min(req.num_output_tokens, fe[FE_SENT])
         c.on_finish(req)
         req.num_output_tokens, req.first_token_time = stale
         for rep in c.replicas:

@@ -48,7 +48,9 @@ class ParallelConfig(_Section):
 OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
     "": {"optimization_level": 2, "performance_mode": "balanced", "cpu_offload_gb": 0.0},
     "cache": {"kv_offload": None, "kv_cache_memory_bytes": None},
-    "scheduler": {"max_num_partial_prefills": 1, "max_long_partial_prefills": 1},
+    "scheduler": {"max_num_partial_prefills": 1, "max_long_partial_prefills": 1,
+                  "stream_interval": 1},
+    "frontend": {"stream_chunk_s": None},
 }
 
 
@@ -106,6 +108,10 @@ class SchedulerConfig(_Section):
         True, description="vLLM scheduler_reserve_full_isl: admit a request only when free KV "
         "blocks cover its whole prompt, not only its first chunk"
     )
+    stream_interval: PositiveInt = Field(
+        1, description="vLLM --stream-interval: the API server sends a request's tokens every "
+        "N tokens (its first token and its last at once); the client's ITL is per chunk"
+    )
 
 
 class CompilationConfig(_Section):
@@ -136,6 +142,9 @@ class FrontendConfig(_Section):
     ipc_s: float | None = Field(None, ge=0, description="one-way API server <-> engine hop, s")
     detokenize_per_token_s: float | None = Field(
         None, ge=0, description="detokenize + SSE per output token, s")
+    stream_chunk_s: float | None = Field(
+        None, ge=0, description="the SSE-chunk share of detokenize_per_token_s, s: paid per "
+        "chunk, not per token, when scheduler.stream_interval > 1")
     tokenizer_batch_wait_s: float | None = Field(
         None, ge=0, description="tokenizer micro-batch window, s (vLLM: 0.002)")
     tokenizer_max_batch: PositiveInt | None = Field(
@@ -214,7 +223,7 @@ class ExperimentConfig(_Section):
         defaults): a config that does not use them dumps and hashes as before they existed."""
         d = self.model_dump(mode=mode)
         omit_defaults(d, "")
-        for name in ("cache", "scheduler"):
+        for name in ("cache", "scheduler", "frontend"):
             omit_defaults(d[name], name)
         if d.get("cluster") is None:
             d.pop("cluster", None)
@@ -476,6 +485,25 @@ def _scheduled_token_budget(c: ExperimentConfig) -> int:
     return budget
 
 
+def _check_stream_interval(c: ExperimentConfig) -> None:
+    """``scheduler.stream_interval`` > 1 is the API server's (vLLM's output processor sends a
+    request's tokens in chunks): it needs the frontend model, which cluster runs leave out."""
+    intervals = [c.scheduler.stream_interval]
+    if c.cluster is not None:
+        intervals += [(g.scheduler or {}).get("stream_interval", 1) for g in c.cluster.instances]
+    n = max(intervals)
+    if n == 1:
+        return
+    if c.cluster is not None:
+        raise ConfigError(
+            f"scheduler.stream_interval: {n}: cluster runs leave the API server out, and its "
+            "output processor is what sends tokens in chunks (set 1)")
+    if not c.frontend.enable:
+        raise ConfigError(
+            f"scheduler.stream_interval: {n} needs the API-server model (frontend.enable: "
+            "true): its output processor is what sends tokens in chunks")
+
+
 def _check_partial_prefills(s: SchedulerConfig) -> None:
     """vLLM 0.22.1 ``EngineArgs._check_feature_supported``: any max_num_partial_prefills or
     max_long_partial_prefills other than 1 stops the engine at start-up ("Concurrent Partial
@@ -607,6 +635,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
             f"({c.model.max_model_len}): vLLM would refuse every prompt")
     if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
         c.frontend.api_server_count = c.parallel.data_parallel_size
+    _check_stream_interval(c)
     dp = c.parallel.data_parallel_size
     if spec.num_experts > 1 and dp > 1:
         import warnings

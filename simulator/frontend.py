@@ -25,6 +25,9 @@ parameter                   what it is                                          
                             the way out
 ``detokenize_per_token_s``  asyncio-thread CPU per output token: incremental        4.3 µs
                             detokenize (``DecodeStream``) + one SSE chunk
+``stream_chunk_s``          the share of ``detokenize_per_token_s`` that is the     3.8 µs
+                            SSE chunk (stream response built, serialised, sent):
+                            paid per chunk when ``stream_interval`` > 1
 ``tokenizer_batch_wait_s``  micro-batch window of vLLM's                            2 ms
                             ``AsyncMicrobatchTokenizer`` (``batch_wait_timeout_s``)
 ``tokenizer_max_batch``     prompts per tokenizer call (``max_batch_size``)          32
@@ -34,7 +37,7 @@ Sources. The last two are constants of vLLM 0.22's ``vllm/utils/async_utils.py``
 completion path tokenizes through ``Renderer.render_cmpl_async`` → ``AsyncMicrobatchTokenizer``
 on the renderer's one-worker thread pool, ``renderer_num_workers = 1``): the batcher takes the
 first queued prompt, waits until 2 ms have passed or 32 prompts are queued, tokenizes them in
-one call on the worker thread, and only then takes the next batch. The four costs are
+one call on the worker thread, and only then takes the next batch. The five costs are
 measured lower bounds from ``benchmarks/frontend_costs.py`` (Intel Xeon, Python 3.11,
 tokenizers 0.23.3, pydantic 2.14: the same libraries doing the same work, without uvicorn /
 ASGI / asyncio task-switch overhead). They are priors: ``simulate fit`` replaces them with a
@@ -47,7 +50,16 @@ batch server for its tokenizer thread, so under high request or token rates the 
 becomes the bottleneck, as a single Python process does. Requests go to API servers round
 robin (the kernel spreads connections over the processes); the tokens of an engine step are
 split evenly over the API servers (exact for one). Tokens of one step reach the client
-together when its output work is done (no coalescing of several steps into one SSE event).
+together when its output work is done.
+
+Stream interval (vLLM ``--stream-interval N``, ``RequestState.make_request_output``): the
+output processor detokenizes every token as it comes but sends a request's output only with
+its first token, when N tokens are unsent, or when it finishes; the tokens of several steps
+then reach the client in one SSE chunk, and the client's inter-token gap (``vllm bench
+serve``: one per chunk) is the time between chunks. With N > 1 the output work of a step is
+``detokenize_per_token_s − stream_chunk_s`` per token plus ``stream_chunk_s`` per chunk sent
+(N = 1: ``detokenize_per_token_s`` per token, as before), and the engine runs its exact
+per-request loop (the decode group hides the members' token counts that decide the chunks).
 
 Timestamps (vLLM's names): ``arrival_time`` = when the renderer starts (after HTTP parse and
 validation; ``vllm:time_to_first_token_seconds`` and ``vllm:e2e_request_latency_seconds`` are
@@ -76,6 +88,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 
 import simpy
+from servesim.simulator.request import RequestStatus
 
 # (name, unit, what) of the fitted parameters, in table order
 FIT_PARAMS = ("request_s", "tokenize_per_token_s", "ipc_s", "detokenize_per_token_s")
@@ -90,6 +103,7 @@ class FrontendParams:
     tokenize_per_token_s: float = 1.0e-6
     ipc_s: float = 105e-6
     detokenize_per_token_s: float = 4.3e-6
+    stream_chunk_s: float = 3.8e-6
     tokenizer_batch_wait_s: float = 0.002  # vLLM AsyncMicrobatchTokenizer.batch_wait_timeout_s
     tokenizer_max_batch: int = 32  # vLLM AsyncMicrobatchTokenizer.max_batch_size
 
@@ -208,6 +222,9 @@ class _ApiServer:
 # output work of the first token starts, engine last token, output work of the last starts]
 FE_SERVER, FE_TOKENIZED, FE_QUEUED, FE_ENGINE_FIRST, FE_FIRST_ITER, FE_ENGINE_FINISH, \
     FE_FINISH_ITER = range(7)
+# stream_interval > 1 appends, at the first token: tokens the output processor has, of which
+# sent, and when the client got the last chunk
+FE_TOKENS, FE_SENT, FE_LAST_CHUNK = range(7, 10)
 _NAN = float("nan")
 _INF = float("inf")
 _LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1) at the same instant
@@ -259,8 +276,9 @@ class Frontend:
     RING = 64  # recent steps per replica kept for inter-token gap look-ups
 
     def __init__(self, env: simpy.Environment, params: FrontendParams, num_servers: int,
-                 admit, client_finish, recorder=None):
+                 admit, client_finish, recorder=None, stream_interval: int = 1):
         self.env = env
+        self.stream_interval = int(stream_interval)
         # False when nothing waits for a finished request's client slot (no max_concurrency):
         # the client's bookkeeping then runs at once, its times already the client's
         self.defer_finish = True
@@ -433,6 +451,9 @@ class Frontend:
         n_tok = out.num_new_tokens
         if not n_tok:
             return
+        if self.stream_interval > 1:
+            self._on_step_chunks(out, now, itl_explicit, engine_itl)
+            return
         p = self.p
         arrive = now + p.ipc_s
         n = self.n
@@ -505,6 +526,63 @@ class Frontend:
                         a = req.fe[0]
                         itl_explicit[k + j] = v + delays[a] - before[a]
         ring.append((now, delays))
+
+    def _on_step_chunks(self, out, now: float, itl_explicit: list, engine_itl: list) -> None:
+        """:meth:`on_step` with ``stream_interval`` N > 1 (exact loop: no decode group). A
+        row's request sends a chunk with its first token, when N of its tokens are unsent, or
+        when it finishes (vLLM ``RequestState.make_request_output``); each sampled row left
+        one engine gap in ``itl_explicit`` (non-first tokens), which becomes the client's gap
+        since the request's previous chunk if it sends, else none. The step's output work:
+        ``detokenize_per_token_s − stream_chunk_s`` per token, ``stream_chunk_s`` per chunk."""
+        p, n, N = self.p, self.n, self.stream_interval
+        sampled = out.sampled
+        if sampled is None:
+            sampled = [r for r, _, _ in out.scheduled if r.last_token_time == now]
+        counts = getattr(out, "sampled_tokens", None)  # tokens per row (speculative decoding)
+        chunks = [0] * n
+        senders = []  # (request, its engine gap or None for a first token)
+        gaps = []
+        for j, req in enumerate(sampled):
+            fe = req.fe
+            got = counts[j] if counts is not None else 1
+            if fe[FE_ENGINE_FIRST] != fe[FE_ENGINE_FIRST]:  # NaN: its first token
+                fe[FE_ENGINE_FIRST] = now
+                del fe[FE_TOKENS:]
+                fe += (got, got, _NAN)
+                senders.append((req, None))
+                chunks[fe[FE_SERVER] if n > 1 else 0] += 1
+                continue
+            tokens = fe[FE_TOKENS] + got
+            fe[FE_TOKENS] = tokens
+            gaps.append(req)
+            if tokens - fe[FE_SENT] >= N or req.status > RequestStatus.PREEMPTED:
+                fe[FE_SENT] = tokens
+                senders.append((req, req))
+                chunks[fe[FE_SERVER] if n > 1 else 0] += 1
+        # output work per API server: its share of the tokens, its own requests' chunks
+        chunk_s = min(p.stream_chunk_s, p.detokenize_per_token_s)
+        tok_s = p.detokenize_per_token_s - chunk_s
+        arrive = now + p.ipc_s
+        base, extra = divmod(out.num_new_tokens, n)
+        for i, s in enumerate(self.servers):
+            start = s.busy if s.busy > arrive else arrive
+            work = tok_s * (base + (1 if i < extra else 0)) + chunk_s * chunks[i]
+            s.busy = start + work
+            self.busy_seconds[i] += work
+            s.last_start, s.last_done = start, s.busy
+        k = len(itl_explicit) - len(gaps)
+        for v in itl_explicit[k:]:
+            engine_itl.append((v, 1))  # vLLM's engine-side gaps: every token
+        del itl_explicit[k:]
+        for req, sent in senders:
+            fe = req.fe
+            srv = self.servers[fe[FE_SERVER]] if n > 1 else self.servers[0]
+            if sent is None:
+                fe[FE_FIRST_ITER] = srv.last_start
+                req.first_token_time = srv.last_done
+            else:
+                itl_explicit.append(srv.last_done - fe[FE_LAST_CHUNK])
+            fe[FE_LAST_CHUNK] = srv.last_done
 
     @staticmethod
     def _delay_at(ring: deque, t: float, default):

@@ -108,7 +108,7 @@ class Recorder:
             tok = queued = r.send_time
             e_first = it_first = e_fin = it_fin = _NAN
         else:
-            _, tok, queued, e_first, it_first, e_fin, it_fin = fe
+            _, tok, queued, e_first, it_first, e_fin, it_fin = fe[:7]  # (+ stream state)
         a_tok(tok)
         a_queued(queued)
         a_e_first(e_first)

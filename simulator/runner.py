@@ -123,7 +123,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     if fe_params is not None:  # API servers between client and engines (frontend.py)
         frontend = Frontend(env, fe_params, n_api,
                             lambda *a: client_box[0].arrive_tokenized(*a),
-                            lambda r: client_box[0].on_finish(r), rec)
+                            lambda r: client_box[0].on_finish(r), rec,
+                            cfg.scheduler.stream_interval)
         rec.on_step = frontend.on_step
         on_finish = frontend.on_engine_finish
     else:
@@ -138,10 +139,12 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             kv.set_sliding_window(window, cfg.scheduler.max_num_batched_tokens)
         try:  # several batches in flight break the decode group's every-step invariant, and
             # a sliding window frees blocks on the decode path (exact loop); so do spec decode
-            # (1 + k tokens per decode row) and LoRA (max_loras per step)
+            # (1 + k tokens per decode row), LoRA (max_loras per step) and a stream interval
+            # (the API server's chunks follow each request's token count)
             sched = sched_factory(params, kv, fast_path=fast_path and batches == 1
                                   and not window and spec_cfg is None
-                                  and not lora_cfg.enable_lora)
+                                  and not lora_cfg.enable_lora
+                                  and cfg.scheduler.stream_interval == 1)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
         if (spec_cfg is not None or lora_cfg.enable_lora) and not _runs_vllm_loop(sched):
@@ -244,6 +247,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         counters["api_server_busy_seconds"] = sum(frontend.busy_seconds)
         counters["tokenizer_batches"] = frontend.num_batches
         fe_info.update(api_server_count=n_api, params=fe_params.as_dict(), provenance=fe_prov)
+        if frontend.stream_interval > 1:
+            fe_info["stream_interval"] = frontend.stream_interval
     meta = {k: v for k, v in workload.meta.items() if not k.startswith("_")}
     if client.control is not None:
         meta["stage_windows"] = client.control.stage_windows

@@ -447,6 +447,8 @@ class Scheduler(DecodeGroup):
         spec = self.spec
         stats = spec.new_stats() if spec is not None else None
         sampled = out.sampled = []
+        if spec is not None:
+            row_tokens = out.sampled_tokens = []
         new_tokens = out.num_group if out.fast else 0
         for req, n, c in out.scheduled:
             req.num_computed_tokens = c + n
@@ -478,6 +480,7 @@ class Scheduler(DecodeGroup):
             new_tokens += num_new
             if stats is not None:
                 stats.num_generation_tokens += num_new
+                row_tokens.append(num_new)
             if req.first_token_time != req.first_token_time:
                 req.first_token_time = now
             else:

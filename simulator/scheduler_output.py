@@ -24,6 +24,7 @@ class SchedulerOutput:
         "num_new_tokens",
         "preempted",
         "sampled",
+        "sampled_tokens",
         "sampling",
         "scheduled",
         "scheduled_at",
@@ -54,7 +55,8 @@ class SchedulerOutput:
         # speculative decoding accepted + 1 per row): vLLM's iteration num_generation_tokens
         # (set by update_from_output)
         self.num_new_tokens = 0
-        # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output)
+        # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output), and
+        # ``sampled_tokens``: the tokens of each ``sampled`` row (unset without it: one each)
         self.spec_decoding_stats = None
 
     def as_dict(self) -> dict[str, int]:

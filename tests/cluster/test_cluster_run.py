@@ -48,6 +48,8 @@ def test_plain_config_has_no_cluster_keys_and_no_cluster_outputs(tmp_path):
     dumped.pop("cpu_offload_gb")
     dumped["scheduler"].pop("max_num_partial_prefills")
     dumped["scheduler"].pop("max_long_partial_prefills")
+    dumped["scheduler"].pop("stream_interval")
+    dumped["frontend"].pop("stream_chunk_s")
     assert dumped == cfg.dump_tree(mode="json")
     res = run_experiment(cfg, resolved=True)
     assert res.instances == [] and res.extras == {} and res.files == {}

@@ -132,7 +132,8 @@ SCENARIOS = {
 }
 # vLLM 0.22 / benchmarks/frontend_costs.py priors (simulator/frontend.py's table)
 FRONTEND_PRIORS = {"request_s": 125e-6, "tokenize_per_token_s": 1.0e-6, "ipc_s": 105e-6,
-                   "detokenize_per_token_s": 4.3e-6, "tokenizer_batch_wait_s": 0.002,
+                   "detokenize_per_token_s": 4.3e-6, "stream_chunk_s": 3.8e-6,
+                   "tokenizer_batch_wait_s": 0.002,
                    "tokenizer_max_batch": 32}
 
 
