@@ -83,7 +83,8 @@ class _Window:
 _DETAILED = {
     "input_lens": lambda w: w.prompt_len.tolist(),
     "output_lens": lambda w: np.where(w.done, w.output_len, 0).tolist(),
-    "ttfts": lambda w: _floats(np.where(w.done, w.ttft_all, 0.0)),
+    # vLLM keeps a failed request's TTFT when its first chunk came (0.0 otherwise)
+    "ttfts": lambda w: _floats(np.where(np.isfinite(w.ttft_all), w.ttft_all, 0.0)),
     "start_times": lambda w: _floats(w.send, None),
     "generated_texts": lambda w: [""] * w.n,
     "errors": lambda w: _errors(w.req, w.reasons, w.done),

@@ -7,11 +7,15 @@ Key set, order and units follow vLLM's ``vllm/benchmarks/serve.py`` (reference:
   (rejected, aborted, still in flight at the end), so ``completed + failed == num_prompts``.
 - TTFT = first token − send; E2EL = finish − send (both from ``send_s`` like the bench client).
 - TPOT = (E2EL − TTFT) / (output_len − 1), only for output_len > 1 (0 for goodput otherwise).
-- ITL = the pooled inter-token gaps of the run (``itl_values`` × ``itl_counts``).
+- ITL = the pooled inter-token gaps of the run (``itl_values`` × ``itl_counts``), pooled per
+  step, not per request: unlike vLLM's (successful requests only) they include the gaps of
+  requests that failed later (client timeouts) and of warm-up requests (stages with
+  ``warmup: true`` are left out: their gaps are pooled per stage).
 - mean / median / std (population) / ``np.percentile`` (linear) in **ms**; empty → 0 like
   vLLM's ``np.mean(x or 0)``.
 - goodput = requests meeting every configured SLO (``metric <= slo``) / duration.
-- throughputs over ``RunResult.duration_s``; token totals count completed requests only.
+- throughputs over ``RunResult.duration_s`` (until the last request ended, completed or
+  failed, as vLLM's ``asyncio.gather``); token totals count completed requests only.
 
 Values chosen where vLLM's come from the client's command line (a vLLM user reading a
 servesim file sees what the default ``vllm bench serve`` writes):
@@ -26,21 +30,26 @@ servesim file sees what the default ``vllm bench serve`` writes):
 - ``queue_times`` (per request, s): the client-side wait before sending
   (``send_s − arrival_s``; non-zero only under ``max_concurrency``); the server-side queue time
   is ``queue_s`` in ``requests.csv``.
-- ``max_output_tokens_per_s``: vLLM buckets per-token timestamps by 1 s. servesim has no
-  per-token timestamps, so tokens are counted per engine step at the step's end time
+- ``max_output_tokens_per_s``: vLLM buckets the successful requests' chunk timestamps
+  (``start + ttft + cumsum(itl)``: one per SSE chunk) by 1 s; 0.0 without a successful
+  request. servesim has no per-request token timestamps, so tokens are counted per engine
+  step at the step's end time
   (``num_generated_tokens``: the tokens the step sampled, first tokens and a recompute's
   first token after a preemption included; timeseries of older runs: the differences of
   ``vllm:generation_tokens_total`` when present, else ``num_decode_reqs`` per step plus one
   first token per completed request at ``first_token_s``) and bucketed by ``floor(t − t0)``
   with ``t0`` the first send of a completed request (from every step, also when the
   timeseries rows are sampled: ``RunResult.token_steps``). Exact for runs without failed
-  requests and without a frontend; with one, the client sees a step's tokens ``ipc_s`` + the output work later, so a
-  step ending that close before a second boundary is counted one bucket early.
+  requests, without a frontend and with one token per chunk; a failed request's tokens are
+  counted too, a chunk of several tokens (speculative decoding, ``stream_interval`` > 1)
+  counts its tokens, and with a frontend the client sees a step's tokens ``ipc_s`` + the
+  output work later, so a step ending that close before a second boundary is counted one
+  bucket early.
 - ``max_concurrent_requests``: vLLM's per-second count: each completed request counts in every
   1-s bucket (since the first send) from its send to its finish, both included; the peak
   bucket (so it can exceed ``max_concurrency`` when a slot changes hands within a second).
-- Detailed arrays (``save_detailed``): seconds; ``ttfts``/``latencies`` are 0.0 for failed
-  requests (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
+- Detailed arrays (``save_detailed``): seconds; ``latencies`` are 0.0 for failed requests and
+  ``ttfts`` for requests that failed before their first token (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
   per request come from ``result.request_itls`` when the engine provides it, else ``null``.
 
 Speculative decoding: vLLM's ``spec_decode_*`` keys (:data:`SPEC_DECODE_KEYS`) after ``rtfx``
@@ -382,7 +391,9 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
         first = np.concatenate(firsts)
     else:  # a second pass, now that t0 is known: only the bucket counts are kept
         first = None
-    bench["max_output_tokens_per_s"] = _max_output_tokens_per_s(result, first, t0)
+    # (vLLM: 0.0 without a successful request)
+    bench["max_output_tokens_per_s"] = _max_output_tokens_per_s(result, first, t0) \
+        if completed else 0.0
     starts, ends = _take(sends), _take(finishes)
     starts.sort()  # in place: 16 bytes per completed request, the one O(n) step here
     ends.sort()

@@ -132,18 +132,17 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
             firsts = (np.asarray(w["first_token_s"], dtype=float)[
                 np.isin(np.asarray(w["finished_reason"]).astype(str), COMPLETED_REASONS)]
                 for w in result.iter_requests())
-    counts = np.zeros(0)
+    # tokens per occupied 1-s bucket (bucket numbers ``ids``, sorted): memory follows the
+    # steps, not the run's span in seconds
+    ids, counts = np.zeros(0, np.int64), np.zeros(0)
 
     def add(t: np.ndarray, k: np.ndarray) -> None:
-        nonlocal counts
+        nonlocal ids, counts
         ok = np.isfinite(t) & np.isfinite(k) & (t >= t0)
         if ok.any():
-            b = np.bincount(np.floor(t[ok] - t0).astype(np.int64), weights=k[ok])
-            if len(b) > len(counts):
-                b[:len(counts)] += counts
-                counts = b
-            else:
-                counts[:len(b)] += b
+            b = np.floor(t[ok] - t0).astype(np.int64)
+            ids, at = np.unique(np.concatenate([ids, b]), return_inverse=True)
+            counts = np.bincount(at, weights=np.concatenate([counts, k[ok]]))
 
     if tok is not None:
         for t, k in tok:

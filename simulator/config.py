@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 from servesim.costmodels.config import (
     AUTO_MAX_MODEL_LEN,
     Bytes,
@@ -51,6 +51,7 @@ OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
     "scheduler": {"max_num_partial_prefills": 1, "max_long_partial_prefills": 1,
                   "stream_interval": 1},
     "frontend": {"stream_chunk_s": None},
+    "output": {"metadata": {}},
 }
 
 
@@ -183,6 +184,25 @@ class OutputConfig(_Section):
         "or 1 s for runs of more than 200k steps)"
     )
     label: str | None = None
+    metadata: dict[str, str] = Field(
+        default_factory=dict, description="vllm bench --metadata KEY=VALUE: string keys "
+        "written into result.json right after num_prompts")
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata(cls, v):
+        """vLLM splits each KEY=VALUE at its first '=' and strips both sides: strings."""
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for k, x in v.items():
+            if isinstance(x, (dict, list)) or x is None:
+                raise ValueError(f"{k}: expected a single value (vLLM writes it as a string)")
+            key = str(k).strip()
+            if not key:
+                raise ValueError("expected non-empty keys")
+            out[key] = str(x).lower() if isinstance(x, bool) else str(x).strip()
+        return out
 
 
 class ExperimentConfig(_Section):
@@ -223,7 +243,7 @@ class ExperimentConfig(_Section):
         defaults): a config that does not use them dumps and hashes as before they existed."""
         d = self.model_dump(mode=mode)
         omit_defaults(d, "")
-        for name in ("cache", "scheduler", "frontend"):
+        for name in ("cache", "scheduler", "frontend", "output"):
             omit_defaults(d[name], name)
         if d.get("cluster") is None:
             d.pop("cluster", None)

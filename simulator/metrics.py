@@ -168,10 +168,15 @@ class RequestLog:
         self._ranges: list[tuple[int, int]] = []  # (min index, max index) per chunk
         self.num_rows = 0
         self.max_finish = -math.inf  # latest finish of a completed request (s)
+        self.max_end = -math.inf  # latest end of any request: completed or failed (s)
 
     @property
     def spilled(self) -> bool:
         return self._dir is not None
+
+    def end_s(self) -> float | None:
+        """When the last request ended, completed or failed (None: none has)."""
+        return self.max_end if math.isfinite(self.max_end) else None
 
     def append(self, chunk: dict[str, np.ndarray]) -> None:
         """Add rows (raw fields as arrays of equal length, any order)."""
@@ -184,6 +189,10 @@ class RequestLog:
         done = np.isin(chunk["finished_reason"], COMPLETED_REASONS)
         if done.any():
             self.max_finish = max(self.max_finish, float(np.max(chunk["finish_s"][done])))
+        fin = np.asarray(chunk["finish_s"], dtype=float)
+        fin = fin[np.isfinite(fin)]  # (failed: when the client got its error or gave up)
+        if len(fin):
+            self.max_end = max(self.max_end, float(fin.max()))
         self._ranges.append((int(idx[0]), int(idx[-1])))
         self.num_rows += n
         if self._dir is None and self.num_rows > self.spill_rows:
@@ -434,6 +443,9 @@ class RunResult:
     files: dict[str, str] = field(default_factory=dict)
     engine_itl: Distribution | None = None  # engine-side inter-token gaps (with a frontend)
     frontend: dict[str, Any] = field(default_factory=dict)  # enable, params, provenance
+    # when the last request ended, completed or failed (a timeout, an error response): where
+    # ``vllm bench serve``'s duration ends; None: the last completion (results built otherwise)
+    end_s: float | None = None
 
     @property
     def num_requests(self) -> int:
@@ -462,7 +474,10 @@ class RunResult:
     @property
     def duration_s(self) -> float:
         """Benchmark duration like vllm bench: from the benchmark start (t = 0, before the
-        first send) to the last completion, in seconds."""
+        first send) until every request has ended (``asyncio.gather`` returns: the last
+        completion or failure, :attr:`end_s`), in seconds."""
+        if self.end_s is not None:
+            return self.end_s
         if self.streamed:
             m = self.request_log.max_finish
             return m if math.isfinite(m) else 0.0

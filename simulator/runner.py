@@ -263,7 +263,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      client_columns=client_cols,
                      stage_itl=dict(rec.stage_itl) if rec.stage_itl else None,
                      engine_itl=rec.engine_itl if frontend is not None else None,
-                     frontend=fe_info)
+                     frontend=fe_info, end_s=log.end_s())
 
 
 def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:

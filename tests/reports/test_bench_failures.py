@@ -1,0 +1,72 @@
+"""result.json of runs with failed requests, as ``vllm bench serve`` 0.22.1 writes it: the
+duration lasts until every request has ended (``asyncio.gather``), failures included; with no
+successful request the throughputs and the peak output rate are 0.0; the detailed ``ttfts``
+keep a failed request's TTFT when its first token came; ``--metadata`` keys follow
+``num_prompts``."""
+
+import numpy as np
+import pytest
+from servesim.reports.bench_result import compute_bench_result
+from servesim.simulator.config import load_config, resolve_config
+from servesim.simulator.runner import run_experiment
+
+DATE = "20260101-000000"
+
+
+def run(*overrides):
+    return run_experiment(resolve_config(load_config(None, list(overrides))), resolved=True)
+
+
+def test_duration_lasts_until_the_last_timeout():
+    """40 requests at once, 30 to 570 tokens, 2.5-s client timeout: the long ones time out
+    (given up 2.5 s after their send); the run lasts until the last of those, and the
+    throughputs are over that duration."""
+    r = run("workload.num_prompts=40", "workload.request_rate=inf", "workload.input_len=512",
+            "workload.output_len=300", "workload.range_ratio=0.9",
+            "client.request_timeout_s=2.5", "output.save_detailed=true")
+    q = r.requests
+    reasons = np.asarray(q["finished_reason"]).astype(str)
+    ok = reasons == "length"
+    late = reasons == "timeout"
+    assert ok.any() and late.any()
+    end = max(float(np.max(q["finish_s"][ok])), float(np.max(q["send_s"][late] + 2.5)))
+    assert end > float(np.max(q["finish_s"][ok]))  # a timeout came after the last completion
+    b = compute_bench_result(r, date=DATE)
+    assert b["duration"] == pytest.approx(end, rel=1e-12)
+    assert b["request_throughput"] == pytest.approx(ok.sum() / end, rel=1e-12)
+    # detailed ttfts: a timed-out request that got its first token keeps its TTFT
+    first = np.asarray(q["first_token_s"], dtype=float)
+    got = late & np.isfinite(first)
+    assert got.any()
+    want = np.where(np.isfinite(first), first - np.asarray(q["send_s"]), 0.0)
+    np.testing.assert_allclose(b["ttfts"], want, rtol=0, atol=1e-12)
+    assert all(b["latencies"][i] == 0.0 for i in np.flatnonzero(~ok))
+
+
+def test_nothing_completed_is_zero_throughput_over_the_time_spent():
+    """Every request times out (0.05 s, before any finishes): vLLM's duration is until the
+    last failure, its throughputs and peak output rate 0.0."""
+    r = run("workload.num_prompts=10", "workload.request_rate=inf", "workload.input_len=512",
+            "workload.output_len=64", "client.request_timeout_s=0.05")
+    q = r.requests
+    assert (np.asarray(q["finished_reason"]).astype(str) == "timeout").all()
+    b = compute_bench_result(r, date=DATE)
+    assert b["completed"] == 0
+    assert b["duration"] == pytest.approx(float(np.max(q["send_s"])) + 0.05, rel=1e-12)
+    for k in ("request_throughput", "output_throughput", "total_token_throughput",
+              "max_output_tokens_per_s"):
+        assert b[k] == 0.0, k
+
+
+def test_metadata_keys_follow_num_prompts_as_strings():
+    cfg = resolve_config(load_config(None, [
+        "workload.num_prompts=5", "output.metadata={tp: 1, note: ' a=b ', eager: true}"]))
+    assert cfg.output.metadata == {"tp": "1", "note": "a=b", "eager": "true"}
+    b = compute_bench_result(run_experiment(cfg, resolved=True), date=DATE)
+    keys = list(b)
+    i = keys.index("num_prompts")
+    assert keys[i + 1:i + 4] == ["tp", "note", "eager"] and b["note"] == "a=b"
+    plain = resolve_config(load_config(None, ["workload.num_prompts=5"]))
+    assert "metadata" not in plain.dump_tree()["output"]
+    with pytest.raises(Exception, match="output.metadata"):
+        load_config(None, ["output.metadata={tp: [1, 2]}"])
