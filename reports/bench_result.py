@@ -40,11 +40,11 @@ servesim file sees what the default ``vllm bench serve`` writes):
   first token per completed request at ``first_token_s``) and bucketed by ``floor(t − t0)``
   with ``t0`` the first send of a completed request (from every step, also when the
   timeseries rows are sampled: ``RunResult.token_steps``). Exact for runs without failed
-  requests, without a frontend and with one token per chunk; a failed request's tokens are
-  counted too, a chunk of several tokens (speculative decoding, ``stream_interval`` > 1)
-  counts its tokens, and with a frontend the client sees a step's tokens ``ipc_s`` + the
-  output work later, so a step ending that close before a second boundary is counted one
-  bucket early.
+  requests and without a frontend; a failed request's tokens are counted too, and with a
+  frontend the client sees a step's tokens ``ipc_s`` + the output work later, so a step
+  ending that close before a second boundary is counted one bucket early. Where a chunk may
+  hold several tokens (speculative decoding, ``stream_interval`` > 1) the steps' chunks are
+  counted instead (``num_output_chunks``), as vLLM counts them.
 - ``max_concurrent_requests``: vLLM's per-second count: each completed request counts in every
   1-s bucket (since the first send) from its send to its finish, both included; the peak
   bucket (so it can exceed ``max_concurrency`` when a slot changes hands within a second).

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 from servesim.reports.bench_requests import COMPLETED_REASONS
-from servesim.simulator.metrics import Distribution, RunResult
+from servesim.simulator.metrics import CHUNKS_COLUMN, Distribution, RunResult
 
 MILLISECONDS_PER_SECOND = 1000.0
 # Above this many pooled ITL samples, statistics are computed from (value, count) pairs
@@ -117,7 +117,10 @@ def _max_output_tokens_per_s(result: RunResult, first: np.ndarray | None, t0: fl
     tok = result.token_steps  # every step's, when ``steps`` are sampled
     steps = {} if tok is not None else result.steps or {}
     times = np.asarray(steps.get("time_s", []), dtype=float)
-    if "num_generated_tokens" in steps:
+    if CHUNKS_COLUMN in steps:  # several tokens a chunk: vLLM counts chunks
+        tokens = np.asarray(steps[CHUNKS_COLUMN], dtype=float)
+        first, firsts = np.zeros(0), iter(())
+    elif "num_generated_tokens" in steps:
         tokens = np.asarray(steps["num_generated_tokens"], dtype=float)
         first, firsts = np.zeros(0), iter(())
     elif "vllm:generation_tokens_total" in steps:

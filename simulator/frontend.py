@@ -570,6 +570,7 @@ class Frontend:
             s.busy = start + work
             self.busy_seconds[i] += work
             s.last_start, s.last_done = start, s.busy
+        out.num_chunks = len(senders)
         k = len(itl_explicit) - len(gaps)
         for v in itl_explicit[k:]:
             engine_itl.append((v, 1))  # vLLM's engine-side gaps: every token

@@ -57,6 +57,10 @@ STEP_COLUMNS = (
     "num_generated_tokens",  # tokens sampled in the step (first tokens included)
 )
 
+# Runs where a chunk may carry several tokens (speculative decoding, stream_interval > 1):
+# the SSE chunks of each step, as ``vllm bench serve``'s peak output rate counts them
+CHUNKS_COLUMN = "num_output_chunks"
+
 # Raw per-request fields the engine records (floats), then the three string fields.
 RAW_FIELDS = ("index", "arrival_s", "send_s", "prompt_len", "output_len", "num_cached_tokens",
               "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "stage",

@@ -16,6 +16,7 @@ from servesim.simulator.engine import Replica
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.frontend import Frontend, resolve_frontend
 from servesim.simulator.metrics import (
+    CHUNKS_COLUMN,
     STEP_COLUMNS,
     LazyRequests,
     RequestLog,
@@ -114,7 +115,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 
     env = simpy.Environment()
     rec = Recorder(log=RequestLog(spool_dir), steps=StepSampler(cfg.output.timeseries_interval_s))
-    spec_totals, lora_states = _step_columns(rec, spec_cfg, lora_cfg)
+    spec_totals, lora_states = _step_columns(rec, spec_cfg, lora_cfg,
+                                             cfg.scheduler.stream_interval > 1)
     rec.sink = request_sink
     replicas: list[Replica] = []
     client_box: list[Client] = []
@@ -296,18 +298,24 @@ def _runs_vllm_loop(sched) -> bool:
                 "update_from_output", "_build_shape")))
 
 
-def _step_columns(rec: Recorder, spec_cfg, lora_cfg):
+def _step_columns(rec: Recorder, spec_cfg, lora_cfg, stream_chunks: bool = False):
     """Extra ``timeseries.csv`` columns: vLLM's ``vllm:spec_decode_*`` counters (and
-    ``vllm:generation_tokens_total``) with speculative decoding; the LoRA gauge and load
-    counters with LoRA. Returns (spec totals or None, list to collect LoRA states in)."""
+    ``vllm:generation_tokens_total``) with speculative decoding; ``num_output_chunks`` (SSE
+    chunks the step's tokens went out in: one per row that sampled, or what the API server
+    sent under ``stream_interval`` > 1) where a chunk may hold several tokens; the LoRA gauge
+    and load counters with LoRA. Returns (spec totals or None, list to collect LoRA states
+    in)."""
     lora_states: list = []
     totals = None
     names: list[str] = []
+    chunks = spec_cfg is not None or stream_chunks
     if spec_cfg is not None:
         from servesim.simulator.spec_decode import SpecDecodeTotals
 
         totals = SpecDecodeTotals(spec_cfg.num_speculative_tokens)
         names += totals.columns()
+    if chunks:
+        names.append(CHUNKS_COLUMN)
     if lora_cfg.enable_lora:
         names += ["lora_num_active_adapters", "lora_loads_from_cpu_total",
                   "lora_loads_from_disk_total"]
@@ -321,14 +329,27 @@ def _step_columns(rec: Recorder, spec_cfg, lora_cfg):
             totals.add(out.spec_decoding_stats)
             for col, v in zip(cols, totals.row()):
                 col.append(v)
+        if chunks:
+            cols[n_spec].append(_output_chunks(out))
         if lora_states:
-            lc = cols[n_spec:]
+            lc = cols[n_spec + chunks:]
             lc[0].append(out.shape.num_loras)
             lc[1].append(sum(st.num_loads_cpu for st in lora_states))
             lc[2].append(sum(st.num_loads_disk for st in lora_states))
 
     cols.extend(rec.add_step_columns(names, on_step))
     return totals, lora_states
+
+
+def _output_chunks(out) -> int:
+    """SSE chunks a step's tokens went out in: what the API server sent (``stream_interval``
+    > 1: ``Frontend`` sets ``num_chunks``), else one per row that sampled."""
+    n = getattr(out, "num_chunks", None)
+    if n is not None:
+        return n
+    if out.sampled is None:  # (a batch advanced at schedule time: one token a row)
+        return out.num_new_tokens
+    return len(out.sampled) + out.num_group
 
 
 @contextlib.contextmanager
@@ -374,7 +395,8 @@ class StepSampler:
     keeps the time and sampled tokens of every step that sampled one (12 bytes a step;
     ``keep_tokens``): :meth:`token_steps`."""
 
-    SUMS = ("step_seconds", "step_tokens", "num_decode", "prefill_tokens", "generated")
+    SUMS = ("step_seconds", "step_tokens", "num_decode", "prefill_tokens", "generated",
+            CHUNKS_COLUMN)
 
     def __init__(self, interval: float | None, keep_tokens: bool = True):
         self.interval = interval
@@ -402,7 +424,7 @@ class StepSampler:
 
     def _keep_tokens(self, chunk: dict[str, np.ndarray]) -> None:
         if self.keep_tokens and "generated" in chunk:  # (steps that sampled a token)
-            k = chunk["generated"]
+            k = chunk.get(CHUNKS_COLUMN, chunk["generated"])  # (what vLLM's peak counts)
             some = k > 0
             self._tokens.append((chunk["time_s"][some], k[some].astype(np.float32)))
 

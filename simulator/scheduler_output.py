@@ -20,6 +20,7 @@ class SchedulerOutput:
         "advanced",
         "fast",
         "group_members",
+        "num_chunks",
         "num_group",
         "num_new_tokens",
         "preempted",
@@ -56,7 +57,8 @@ class SchedulerOutput:
         # (set by update_from_output)
         self.num_new_tokens = 0
         # speculative decoding: this step's vLLM SpecDecodingStats (update_from_output), and
-        # ``sampled_tokens``: the tokens of each ``sampled`` row (unset without it: one each)
+        # ``sampled_tokens``: the tokens of each ``sampled`` row (unset without it: one each);
+        # ``num_chunks``: SSE chunks the API server sent (set by it under stream_interval > 1)
         self.spec_decoding_stats = None
 
     def as_dict(self) -> dict[str, int]:

@@ -86,6 +86,9 @@ def test_many_requests_chunk_counts_and_output_work():
     p = b.frontend["params"]
     busy = 100 * p["request_s"] + outs.sum() * (DETOK - CHUNK) + chunks.sum() * CHUNK
     assert math.isclose(b.counters["api_server_busy_seconds"], busy, rel_tol=1e-9)
+    # timeseries: the chunks of each step (vllm bench's peak output rate counts chunks)
+    assert int(b.steps["num_output_chunks"].sum()) == int(chunks.sum())
+    assert "num_output_chunks" not in a.steps  # one token a chunk: the tokens column says it
 
 
 def test_timed_out_request_keeps_only_the_tokens_sent():
@@ -142,3 +145,24 @@ def test_speculative_decoding_counts_each_rows_tokens():
     vals = np.repeat(r.itl_values, r.itl_counts.astype(int))
     np.testing.assert_allclose(np.sort(vals), np.sort(np.diff(client)), atol=1e-12)
     assert len(vals) < len(steps) - 1  # fewer chunks than steps
+
+
+def test_peak_output_rate_counts_chunks_as_vllm_bench():
+    """vllm bench serve's ``max_output_tokens_per_s`` buckets each request's chunk times
+    (ttft, then one per ITL): with EAGLE-3 a step's row is one chunk of 1 to 4 tokens. The
+    chunk column holds one per sampled row (first tokens included), and the peak is the
+    busiest second of chunks, not of tokens."""
+    from servesim.reports.bench_result import compute_bench_result
+
+    r = run("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+            "speculative_config={method: eagle3, num_speculative_tokens: 3, "
+            "acceptance: {rate: 0.6}}", "workload.num_prompts=200", "workload.request_rate=20",
+            "workload.input_len=256", "workload.output_len=128")
+    st = r.steps
+    chunks = np.asarray(st["num_output_chunks"])
+    assert chunks.sum() == r.itl_counts.sum() + 200  # one gap per chunk after the first
+    assert st["num_generated_tokens"].sum() > 1.5 * chunks.sum()
+    t0 = float(np.min(r.requests["send_s"]))
+    want = np.bincount(np.floor(np.asarray(st["time_s"]) - t0).astype(int),
+                       weights=chunks).max()
+    assert compute_bench_result(r)["max_output_tokens_per_s"] == want
