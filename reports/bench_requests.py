@@ -123,8 +123,11 @@ class _View:
             self.itl_values, self.itl_counts, self.itl_stream = np.zeros(0), np.zeros(0), itl
         n = t0 = 0
         t0, t1, warm = math.inf, -math.inf, 0
+        itls = getattr(parent, "request_itls", None)
+        masks = []
         for w in parent.iter_requests():
             m = keep(w)
+            masks.append(m)
             if "warmup" in w:
                 warm += int(np.asarray(w["warmup"], dtype=bool).sum())
             n += int(m.sum())
@@ -137,6 +140,8 @@ class _View:
             if len(fin):
                 t1 = max(t1, float(fin.max()))
         self.num_requests, self.num_warmup = n, warm
+        self.request_itls = None if itls is None else [
+            x for x, k in zip(itls, np.concatenate(masks) if masks else ()) if k]
         self.t0 = t0 if math.isfinite(t0) else 0.0
         self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
         end = t1 if math.isfinite(t1) else self.t0  # steps from its first send to its end

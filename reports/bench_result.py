@@ -50,7 +50,9 @@ servesim file sees what the default ``vllm bench serve`` writes):
   bucket (so it can exceed ``max_concurrency`` when a slot changes hands within a second).
 - Detailed arrays (``save_detailed``): seconds; ``latencies`` are 0.0 for failed requests and
   ``ttfts`` for requests that failed before their first token (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
-  per request come from ``result.request_itls`` when the engine provides it, else ``null``.
+  per request are the client-side gaps the run recorded for each request
+  (``result.request_itls``: single-engine runs record them with ``save_detailed``, which takes
+  the exact per-request loop), else ``null`` (cluster runs).
 
 Speculative decoding: vLLM's ``spec_decode_*`` keys (:data:`SPEC_DECODE_KEYS`) after ``rtfx``
 as ``vllm bench serve`` writes them from the server's counters (acceptance rate in %,

@@ -279,6 +279,9 @@ class Frontend:
                  admit, client_finish, recorder=None, stream_interval: int = 1):
         self.env = env
         self.stream_interval = int(stream_interval)
+        # ``itl_hook(req, gap)``: each client-side inter-token gap of a request (per-request
+        # ITLs for output.save_detailed; the exact loop only: no decode group)
+        self.itl_hook = None
         # False when nothing waits for a finished request's client slot (no max_concurrency):
         # the client's bookkeeping then runs at once, its times already the client's
         self.defer_finish = True
@@ -516,6 +519,7 @@ class Frontend:
                     rows.append(req)
             if rows:
                 k -= len(rows)
+                hook = self.itl_hook
                 for j, req in enumerate(rows):
                     v = itl_explicit[k + j]
                     engine_itl.append((v, 1))
@@ -525,6 +529,8 @@ class Frontend:
                     else:
                         a = req.fe[0]
                         itl_explicit[k + j] = v + delays[a] - before[a]
+                    if hook is not None:
+                        hook(req, itl_explicit[k + j])
         ring.append((now, delays))
 
     def _on_step_chunks(self, out, now: float, itl_explicit: list, engine_itl: list) -> None:
@@ -583,6 +589,8 @@ class Frontend:
                 req.first_token_time = srv.last_done
             else:
                 itl_explicit.append(srv.last_done - fe[FE_LAST_CHUNK])
+                if self.itl_hook is not None:
+                    self.itl_hook(req, itl_explicit[-1])
             fe[FE_LAST_CHUNK] = srv.last_done
 
     @staticmethod

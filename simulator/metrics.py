@@ -450,6 +450,8 @@ class RunResult:
     # when the last request ended, completed or failed (a timeout, an error response): where
     # ``vllm bench serve``'s duration ends; None: the last completion (results built otherwise)
     end_s: float | None = None
+    # output.save_detailed: each request's client-side inter-token gaps (s), in row order
+    request_itls: list[list[float]] | None = None
 
     @property
     def num_requests(self) -> int:

@@ -72,6 +72,8 @@ class Recorder:
         # ``reports.writers.RequestsCsvStream`` (the CSV files written meanwhile).
         self.sink: Callable[[tuple], None] | None = None
         self._shipped = 0  # buffered request rows already handed to the sink
+        # output.save_detailed: request index → its client-side inter-token gaps
+        self.request_itls: dict[int, list[float]] | None = None
         self._steps_shipped = 0  # buffered step rows already handed to the sink
 
     def add_step_columns(self, names, on_step: Callable) -> list:
@@ -89,6 +91,8 @@ class Recorder:
          a_preempt, a_stage, a_warmup, a_attempts, a_fe_arrival, a_tok, a_queued, a_e_first,
          a_e_fin, a_it_first, a_it_fin) = self._req_appends
         a_index(r.index)
+        if self.request_itls is not None:
+            self.request_itls[r.index] = r.itls or []
         a_arrival(r.spec.arrival_s)
         a_send(r.send_time)
         a_prompt(r.prompt_len)

@@ -78,6 +78,7 @@ class Request:
         "first_scheduled_time",
         "first_token_time",
         "index",
+        "itls",
         "kv_pool",
         "last_token_time",
         "max_tokens",
@@ -132,6 +133,7 @@ class Request:
         self.arrival_time = send_time
         self.send_time = send_time
         self.fe = None
+        self.itls = None  # the client's inter-token gaps, when recorded (output.save_detailed)
         self.num_tokens = self.prompt_len
         self.num_computed_tokens = 0
         self.num_output_tokens = 0

@@ -135,18 +135,25 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 
     window = cost.spec.sliding_window
     window = window if window and window < mml else None  # a window ≥ max_model_len is moot
+    save_itls = bool(cfg.output.save_detailed)  # vllm bench --save-detailed: itls per request
+    if save_itls:
+        rec.request_itls = {}
+        if frontend is not None:
+            frontend.itl_hook = _append_itl
     for i in range(cfg.parallel.data_parallel_size):
         kv = kv_factory(num_gpu_blocks, block_size, cfg.cache.enable_prefix_caching, mml)
         if window and hasattr(kv, "set_sliding_window"):
             kv.set_sliding_window(window, cfg.scheduler.max_num_batched_tokens)
         try:  # several batches in flight break the decode group's every-step invariant, and
             # a sliding window frees blocks on the decode path (exact loop); so do spec decode
-            # (1 + k tokens per decode row), LoRA (max_loras per step) and a stream interval
-            # (the API server's chunks follow each request's token count)
+            # (1 + k tokens per decode row), LoRA (max_loras per step), a stream interval
+            # (the API server's chunks follow each request's token count) and per-request
+            # ITLs (save_detailed: every gap explicit)
             sched = sched_factory(params, kv, fast_path=fast_path and batches == 1
                                   and not window and spec_cfg is None
                                   and not lora_cfg.enable_lora
-                                  and cfg.scheduler.stream_interval == 1)
+                                  and cfg.scheduler.stream_interval == 1
+                                  and not save_itls)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
         if (spec_cfg is not None or lora_cfg.enable_lora) and not _runs_vllm_loop(sched):
@@ -154,6 +161,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                 f"scheduler.policy: {cfg.scheduler.policy} runs its own scheduling loop; "
                 "speculative_config and lora are modelled on vLLM's (fcfs, priority, or a "
                 "policy that keeps Scheduler.schedule and its waiting queue)")
+        if save_itls and frontend is None:
+            sched.itl_hook = _append_itl
         if spec_cfg is not None:
             from servesim.simulator.spec_decode import SpecDecoding
 
@@ -265,7 +274,9 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      client_columns=client_cols,
                      stage_itl=dict(rec.stage_itl) if rec.stage_itl else None,
                      engine_itl=rec.engine_itl if frontend is not None else None,
-                     frontend=fe_info, end_s=log.end_s())
+                     frontend=fe_info, end_s=log.end_s(),
+                     request_itls=None if rec.request_itls is None else
+                     [rec.request_itls[i] for i in sorted(rec.request_itls)])
 
 
 def _client_control(cfg: ExperimentConfig, meta: dict) -> dict | None:
@@ -339,6 +350,14 @@ def _step_columns(rec: Recorder, spec_cfg, lora_cfg, stream_chunks: bool = False
 
     cols.extend(rec.add_step_columns(names, on_step))
     return totals, lora_states
+
+
+def _append_itl(req, gap: float) -> None:
+    """``itl_hook``: one more client-side inter-token gap of ``req`` (save_detailed)."""
+    if req.itls is None:
+        req.itls = [gap]
+    else:
+        req.itls.append(gap)
 
 
 def _output_chunks(out) -> int:

@@ -68,6 +68,10 @@ class Scheduler(DecodeGroup):
     victims by (priority, arrival); any other name behaves as ``fcfs`` (subclasses that keep
     vLLM's decisions but change one rule register under their own names)."""
 
+    # ``itl_hook(req, gap)``: each explicit inter-token gap of a request as it is recorded
+    # (per-request ITLs for output.save_detailed without a frontend; the exact loop only)
+    itl_hook = None
+
     # A KV connector (simulator/cluster/: P/D NIXL, CPU offload), as vLLM's scheduler holds
     # one: ``start_load`` at the waiting head after the local prefix lookup
     # (``get_num_new_matched_tokens`` + async load), ``request_finished`` before a finished
@@ -450,6 +454,7 @@ class Scheduler(DecodeGroup):
         if spec is not None:
             row_tokens = out.sampled_tokens = []
         new_tokens = out.num_group if out.fast else 0
+        hook = self.itl_hook
         for req, n, c in out.scheduled:
             req.num_computed_tokens = c + n
             if req.first_scheduled_time != req.first_scheduled_time:  # NaN
@@ -485,6 +490,8 @@ class Scheduler(DecodeGroup):
                 req.first_token_time = now
             else:
                 itl_explicit.append(now - req.last_token_time)
+                if hook is not None:
+                    hook(req, now - req.last_token_time)
             req.prev_token_time = req.last_token_time
             req.last_token_time = now
             sampled.append(req)
@@ -623,6 +630,8 @@ class Scheduler(DecodeGroup):
                 req.first_token_time = now
             else:
                 itl_explicit.append(now - req.last_token_time)
+                if self.itl_hook is not None:
+                    self.itl_hook(req, now - req.last_token_time)
             req.last_token_time = now
             target, status = self._target_outputs(req)
             if req.num_output_tokens >= target:

@@ -70,3 +70,28 @@ def test_metadata_keys_follow_num_prompts_as_strings():
     assert "metadata" not in plain.dump_tree()["output"]
     with pytest.raises(Exception, match="output.metadata"):
         load_config(None, ["output.metadata={tp: [1, 2]}"])
+
+
+@pytest.mark.parametrize("ov", [[], ["frontend.enable=false"], ["scheduler.stream_interval=4"],
+                                ["workload.warmup={num_requests: 10}"]])
+def test_save_detailed_writes_each_requests_itls(ov):
+    """vllm bench --save-detailed ``itls``: each request's client-side gaps (one per chunk
+    after the first), in request order; they pool to the run's ITL and each request's sum
+    is its E2EL - TTFT (what vLLM's timeline plot assumes). With warm-up, the measured
+    requests' only."""
+    r = run("workload.num_prompts=40", "workload.request_rate=20", "workload.input_len=256",
+            "workload.output_len=24", "workload.range_ratio=0.5", "output.save_detailed=true",
+            *ov)
+    b = compute_bench_result(r, date=DATE)
+    itls = b["itls"]
+    n = 30 if ov and "warmup" in ov[0] else 40
+    assert len(itls) == n == len(b["ttfts"])
+    lens = np.asarray(b["output_lens"])
+    want = 1 + np.ceil((lens - 1) / 4) - 1 if ov == ["scheduler.stream_interval=4"] else lens - 1
+    np.testing.assert_array_equal([len(x) for x in itls], want)
+    np.testing.assert_allclose([sum(x) for x in itls],
+                               np.asarray(b["latencies"]) - np.asarray(b["ttfts"]), atol=1e-9)
+    if n == 40:  # (with warm-up the pool keeps the warm-up requests' gaps: documented)
+        flat = np.concatenate([np.asarray(x) for x in itls])
+        assert b["mean_itl_ms"] == pytest.approx(1e3 * flat.mean(), rel=1e-12)
+        assert b["p99_itl_ms"] == pytest.approx(1e3 * np.percentile(flat, 99), rel=1e-12)
