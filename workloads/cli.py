@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +31,15 @@ def _fmt_num(x, digits=2) -> str:
     return f"{x:,.{digits}f}"
 
 
+def _strict_json(x):
+    """``x`` with infinite floats as "inf" / "-inf" and NaN as None (strict JSON)."""
+    if isinstance(x, dict):
+        return {k: _strict_json(v) for k, v in x.items()}
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
 @trace_app.command("stats")
 def stats_cmd(
     file: Annotated[Path, typer.Argument(help="Trace file")],
@@ -44,9 +54,8 @@ def stats_cmd(
 
     s = trace_stats(file, format, block_size=block_size, skip_bad_rows=skip_bad_rows)
     if as_json:  # strict JSON: an infinite rate (every request at one instant) as "inf"
-        rate = s["mean_rate_rps"]
-        typer.echo(json.dumps({**s, "mean_rate_rps": "inf" if rate == math.inf else rate},
-                              indent=2, default=lambda x: None, allow_nan=False))
+        typer.echo(json.dumps(_strict_json(s), indent=2, default=lambda x: None,
+                              allow_nan=False))
         return
     from rich.console import Console
     from rich.table import Table
@@ -82,7 +91,7 @@ CANONICAL_COLUMNS = ["arrival_s", "prompt_len", "output_len", "prefix_block_ids"
 def _row(r, cols) -> list:
     out = []
     for c in cols:
-        v = getattr(r, c)
+        v = getattr(r, c) if c in CANONICAL_COLUMNS else r.extra.get(c)  # extra: other columns
         if c == "prefix_block_ids":
             v = " ".join(map(str, v)) if v else ""
         elif c == "arrival_s":
@@ -95,7 +104,10 @@ def _row(r, cols) -> list:
 
 def write_canonical(reqs, out: Path, columns: list[str] | None = None) -> int:
     """Stream requests to a canonical CSV; returns the number of rows. ``columns`` defaults to
-    the required three plus every optional one (empty cells = default)."""
+    the required three plus every optional one (empty cells = default); a column that is not
+    canonical is read from ``RequestSpec.extra``. The file appears complete or not at all: it
+    is written next to ``out``, then renamed over it, which :func:`check_output_file` allows
+    only for a regular file (checked again here, just before the rename)."""
     cols = columns or CANONICAL_COLUMNS
     n = 0
     fd, tmp = tempfile.mkstemp(dir=out.absolute().parent, prefix=f".{out.name}.",
@@ -108,6 +120,7 @@ def write_canonical(reqs, out: Path, columns: list[str] | None = None) -> int:
                 w.writerow(_row(r, cols))
                 n += 1
         os.chmod(tmp, 0o644)
+        _check_regular(out)
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -116,9 +129,25 @@ def write_canonical(reqs, out: Path, columns: list[str] | None = None) -> int:
     return n
 
 
+def _check_regular(out: Path) -> None:
+    """Refuse an existing ``out`` that is not a regular file: renaming over a symlink, FIFO or
+    device node would replace it (``/dev/null``, ``/dev/stdout``) with a regular file."""
+    from servesim.simulator.errors import ServesimError
+
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(out).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a symlink" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a folder" if stat.S_ISDIR(mode) else "a special file")
+            raise ServesimError(f"{out}: exists and is {kind}, not a regular file; expected a "
+                                "new or regular file name")
+
+
 def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
     """Refuse, before any work, an output that is an input, a folder, an existing file
-    (unless ``overwrite``), or in a folder that cannot be created or written."""
+    (unless ``overwrite``) or anything else than a regular file (a symlink, FIFO or device:
+    even with ``overwrite``), or in a folder that cannot be created or written."""
     from servesim.reports.writers import make_parent
     from servesim.simulator.errors import ServesimError
 
@@ -128,6 +157,7 @@ def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
                 raise ServesimError(f"{out}: is the input file; write the output elsewhere")
     if out.is_dir():
         raise ServesimError(f"{out}: is a folder; expected a file name")
+    _check_regular(out)
     if out.exists() and not overwrite:
         raise ServesimError(f"{out}: exists; pass --overwrite to replace it")
     parent = make_parent(out)
@@ -153,17 +183,33 @@ def convert_cmd(
     request is at 0 (traces without timestamps: all 0); prefix ids at ``--block-size``. The
     output appears complete or not at all. A benchmark client's profile (inference-perf,
     GuideLLM, AIPerf, genai-perf) is converted to its requests at their nominal send times."""
-    from servesim.simulator.errors import Interrupted
+    from servesim.simulator.errors import TraceError
+    from servesim.workloads.importers import FORMATS
+    from servesim.workloads.profiles import FORMATS as PROFILE_FORMATS
+
+    if format != "auto" and format not in FORMATS + PROFILE_FORMATS:
+        raise TraceError(f"{file}: unknown trace format {format!r} (one of "
+                         f"{', '.join(FORMATS + PROFILE_FORMATS)})")
+    parent = out.absolute().parent
+    made = [d for d in (parent, *parent.parents) if not d.exists()]  # deepest first
+    check_output_file(out, [file], overwrite)
+    try:
+        _convert(file, out, format, block_size, skip_bad_rows)
+    except BaseException:  # leave no folder behind that check_output_file created
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+def _convert(file: Path, out: Path, format: str, block_size: int, skip_bad_rows: bool) -> None:
+    from servesim.simulator.errors import Interrupted, ServesimError
     from servesim.workloads import build_workload
     from servesim.workloads.config import TraceWorkload
-
-    check_output_file(out, [file], overwrite)
-
+    from servesim.workloads.profiles import FORMATS as PROFILE_FORMATS
     from servesim.workloads.profiles import is_profile_file
 
-    if format in ("inference-perf", "guidellm", "aiperf", "genai-perf") or (
-            format == "auto" and is_profile_file(file)):
-        from servesim.simulator.errors import ServesimError
+    if format in PROFILE_FORMATS or (format == "auto" and is_profile_file(file)):
         from servesim.workloads.config import ProfileWorkload
 
         wl = build_workload(ProfileWorkload(path=str(file), format=format),
@@ -182,8 +228,9 @@ def convert_cmd(
         cols = CANONICAL_COLUMNS[:3]
         if fmt in ("mooncake", "canonical"):
             cols = cols + ["prefix_block_ids"]
-        if fmt == "canonical":
-            cols = CANONICAL_COLUMNS
+        if fmt == "canonical":  # and the file's other columns (RequestSpec.extra)
+            cols = CANONICAL_COLUMNS + [c for c in _csv_header(file)
+                                        if c and c not in CANONICAL_COLUMNS]
         if fmt == "vllm_result":
             cols = cols + ["request_id"]
     from servesim.simulator.progress import phase
@@ -198,9 +245,24 @@ def convert_cmd(
             n = write_canonical(ticking(wl, tick), out, cols)
     except KeyboardInterrupt:
         raise Interrupted(f"nothing was written to {out}") from None
-    skipped = wl.meta.get("skipped_bad_rows", 0)
-    typer.echo(f"wrote {n:,} requests to {out}" + (f" ({skipped:,} bad rows skipped)"
-                                                    if skipped else ""))
+    notes = [f"{wl.meta[k]:,} {what}" for k, what in (
+        ("skipped_bad_rows", "bad rows skipped"), ("dropped_failed", "failed requests dropped"),
+        ("filtered", "filtered out"), ("zero_output", "zero output lengths set to 1"))
+        if wl.meta.get(k)]
+    typer.echo(f"wrote {n:,} requests to {out}" + (f" ({', '.join(notes)})" if notes else ""))
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The column names of a CSV trace."""
+    from servesim.workloads.importers_common import _READ_ERRORS, open_text, read_error
+
+    try:
+        with open_text(path, errors="replace") as f:
+            return [h.strip() for h in next(csv.reader(f), [])]
+    except _READ_ERRORS as e:
+        raise read_error(path, e) from None
+    except csv.Error:
+        return []  # the reader names the malformed header
 
 
 def register(app: typer.Typer) -> None:

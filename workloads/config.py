@@ -320,7 +320,7 @@ class TraceWorkload(_Common):
     format: TraceFormat = "auto"
     skip_bad_rows: bool = False
     time_scale: float = Field(
-        1.0, gt=0, description="Multiply arrival times (2.0 = half the rate)"
+        1.0, gt=0, allow_inf_nan=False, description="Multiply arrival times (2.0 = half the rate)"
     )
     request_rate: float | None = Field(
         None, gt=0, description="Rescale to this mean rate (requests/s); for formats without "
@@ -328,7 +328,8 @@ class TraceWorkload(_Common):
     )
     burstiness: float = Field(1.0, gt=0, description="For generated arrivals only")
     use_timestamps: bool = Field(True, description="False: vLLM-style generated arrivals")
-    start_s: float | None = Field(None, ge=0, description="Window start, s after first row")
+    start_s: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                  description="Window start, s after first row")
     end_s: float | None = Field(None, gt=0, description="Window end, s after first row")
     max_requests: PositiveInt | None = Field(None, description="Keep the first N (in window)")
     sample: PositiveInt | None = Field(None, description="Keep N random requests (seeded)")

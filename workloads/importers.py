@@ -53,8 +53,13 @@ from servesim.workloads.importers_csv import (
     _read_canonical,
     _read_vidur,
 )
-from servesim.workloads.importers_json import _read_mooncake, _read_vllm_result, read_sharegpt
-from servesim.workloads.schema import MAX_TOKENS, RequestSpec
+from servesim.workloads.importers_json import (
+    _json_error,
+    _read_mooncake,
+    _read_vllm_result,
+    read_sharegpt,
+)
+from servesim.workloads.schema import MAX_ARRIVAL_S, MAX_TOKENS, RequestSpec
 
 FORMATS = ("canonical", "azure2023", "azure2024", "burstgpt", "mooncake", "sharegpt", "vidur",
            "vllm_result")
@@ -74,12 +79,21 @@ def detect_format(path) -> str:
     stripped = head.lstrip()
     if not stripped:
         raise TraceError(f"{path}: empty trace (no header, no requests)")
+    if head.startswith("\x1f\ufffd"):  # gzip's magic bytes 1f 8b, not UTF-8
+        raise TraceError(f"{path}: gzip data; name the file *.gz to read it through gzip")
     if stripped[0] in "[{":
-        first = stripped.splitlines()[0].strip()
+        # "\n" only: str.splitlines() also splits at U+2028 and others, valid inside JSON strings
+        first = stripped.split("\n", 1)[0].strip()
         try:
             rec = json.loads(first)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             rec = None
+            if stripped[0] == "{" and ('"input_length"' in first or '"hash_ids"' in first):
+                return "mooncake"  # a bad first record: the reader names its problem
+        if (isinstance(rec, list) and rec and isinstance(rec[0], dict)
+                and "input_length" in rec[0]):
+            raise TraceError(f"{path}: a JSON array of Mooncake records; expected JSONL (one "
+                             "JSON object per line), or set workload.format")
         if isinstance(rec, dict):
             if "input_length" in rec or "hash_ids" in rec:
                 return "mooncake"
@@ -125,6 +139,9 @@ def has_timestamps(path, fmt: str) -> bool:
                 d = json.load(f)
         except json.JSONDecodeError as e:
             raise TraceError(f"{path}:{e.lineno}: expected a vllm bench result JSON") from None
+        except (ValueError, RecursionError) as e:  # an int past 4300 digits, deep nesting
+            raise TraceError(f"{path}: expected a vllm bench result JSON ({_json_error(e)})"
+                             ) from None
         except _READ_ERRORS as e:
             raise read_error(path, e) from None
         return isinstance(d, dict) and bool(d.get("start_times"))
@@ -149,7 +166,9 @@ def read_trace(path, format: str = "auto", *, block_size: int = 16, skip_bad_row
 
     Checks every row: malformed fields, negative lengths, a zero prompt and timestamps going
     back in time each raise a :class:`TraceError` ``file:line: ...`` (or, with
-    ``skip_bad_rows``, are skipped and counted in ``stats["skipped_bad_rows"]``). A zero output
+    ``skip_bad_rows``, are skipped and counted in ``stats["skipped_bad_rows"]``), and so does an
+    arrival more than ``MAX_ARRIVAL_S`` (1e8 s, about 3.2 years) away from the first request's
+    (a typo such as year 2203 for 2023, or a unit mix-up). A zero output
     length becomes 1 (counted in ``stats["zero_output"]``). An empty trace is an error.
     ``opts``: model, log_type, keep_failed (BurstGPT, vllm_result), tokenizer,
     sharegpt_output_len, sharegpt_filter, seed (ShareGPT)."""
@@ -164,7 +183,7 @@ def read_trace(path, format: str = "auto", *, block_size: int = 16, skip_bad_row
     n = 0
     per_row = fmt not in ("sharegpt", "vllm_result")  # whole-file JSON: decode strictly
     rows = _guarded(path, ctx, _rows(ctx, fmt, opts, "surrogateescape" if per_row else "strict"))
-    prev = -math.inf
+    prev, t0 = -math.inf, None
     for line, t, p, o, kw in rows:
         if p < 0 or o < 0:
             what = "prompt" if p < 0 else "output"
@@ -179,16 +198,23 @@ def read_trace(path, format: str = "auto", *, block_size: int = 16, skip_bad_row
         if p == 0:
             ctx.bad(line, "prompt length 0 (a request needs at least one prompt token)")
             continue
+        if check_order and t < prev:
+            ctx.bad(line, f"timestamp goes back in time ({t:.6f} s after the first row, "
+                          f"previous row at {prev:.6f} s): expected rows sorted by "
+                          "arrival time")
+            continue
+        if t0 is not None and abs(t - t0) > MAX_ARRIVAL_S:
+            ctx.bad(line, f"arrival {t - t0:.6g} s after the first request is out of range "
+                          f"(at most {MAX_ARRIVAL_S:,.0f} s, about 3.2 years): a typo in the "
+                          "timestamp?")
+            continue
         if check_order:
-            if t < prev:
-                ctx.bad(line, f"timestamp goes back in time ({t:.6f} s after the first row, "
-                              f"previous row at {prev:.6f} s): expected rows sorted by "
-                              "arrival time")
-                continue
             prev = t
         if o == 0:
             stats["zero_output"] += 1
             o = 1
+        if t0 is None:
+            t0 = t
         n += 1
         if kw:
             yield RequestSpec(arrival_s=t, prompt_len=p, output_len=o, **kw)
@@ -247,7 +273,6 @@ def trace_workload(cfg, block_size: int, meta: dict) -> Callable[[dict], Iterato
         select,
         shift_to_zero,
         take,
-        time_window,
     )
 
     fmt = detect_format(cfg.path) if cfg.format == "auto" else cfg.format
@@ -262,11 +287,29 @@ def trace_workload(cfg, block_size: int, meta: dict) -> Callable[[dict], Iterato
                 request_rate=cfg.request_rate if cfg.request_rate is not None else math.inf,
                 time_scale=cfg.time_scale, timestamps="trace" if stamped else "generated")
 
+    def windowed(s: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
+        """``s`` (shifted to 0) in [start_s, end_s) (as ``transforms.time_window``); a window
+        with no request is an error naming the trace's span (read to its end to find it)."""
+        lo = -math.inf if cfg.start_s is None else cfg.start_s
+        hi = math.inf if cfg.end_s is None else cfg.end_s
+        n, last = 0, 0.0
+        for r in s:
+            last = r.arrival_s
+            if last >= hi and n:
+                return
+            if lo <= last < hi:
+                n += 1
+                yield r
+        if n == 0:
+            end = "inf" if cfg.end_s is None else f"{cfg.end_s:g}"
+            raise ConfigError(f"workload.start_s/end_s: no request of {cfg.path} arrives in "
+                              f"[{cfg.start_s or 0:g}, {end}) s (the trace spans 0-{last:g} s)")
+
     def base(stats: dict) -> Iterator[RequestSpec]:
         s = read_trace(cfg.path, fmt, block_size=block_size, skip_bad_rows=cfg.skip_bad_rows,
                        stats=stats, check_order=stamped, **opts)
-        if stamped:
-            s = time_window(shift_to_zero(s), cfg.start_s, cfg.end_s)
+        if stamped and (cfg.start_s is not None or cfg.end_s is not None):
+            s = windowed(shift_to_zero(s))
         return take(s, cfg.max_requests)
 
     def survey(stats=None) -> tuple[int, float]:
@@ -305,11 +348,18 @@ def trace_workload(cfg, block_size: int, meta: dict) -> Callable[[dict], Iterato
     elif total is not None:
         meta["num_prompts"] = total
 
+    def too_late(t: float) -> ConfigError:
+        what = "request_rate" if cfg.request_rate is not None else "time_scale"
+        return ConfigError(f"workload.{what}: stretches {cfg.path} to an arrival at {t:.6g} s "
+                           f"(at most {MAX_ARRIVAL_S:,.0f} s, about 3.2 years)")
+
     def gen(stats: dict) -> Iterator[RequestSpec]:
         n, last = 0, 0.0
         if stamped:
             for r in scale_time(shift_to_zero(selected(stats)), factor):
                 n, last = n + 1, r.arrival_s
+                if last > MAX_ARRIVAL_S:
+                    raise too_late(last)
                 yield r
             if meta.get("num_prompts") is None:
                 meta["num_prompts"] = n
@@ -320,6 +370,8 @@ def trace_workload(cfg, block_size: int, meta: dict) -> Callable[[dict], Iterato
         times = (t for chunk in vllm_arrival_times(total, rate, cfg.burstiness, cfg.seed)
                  for t in chunk.tolist())
         for r, t in zip(selected(stats), times):
+            if t > MAX_ARRIVAL_S:
+                raise too_late(t)
             r.arrival_s = t
             yield r
 

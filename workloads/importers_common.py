@@ -4,6 +4,7 @@ of a bad row, or counts it when bad rows are skipped."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import math
@@ -56,33 +57,49 @@ def read_error(path, e: BaseException, line: int | None = None) -> TraceError:
     return TraceError(f"{path}: cannot read the file ({getattr(e, 'strerror', None) or e})")
 
 
+def _odd_text(s) -> bool:
+    """A CSV cell Python's int()/float() would read but a trace should not hold: ``1_000``,
+    non-ASCII digits such as ``٣٠٠``."""
+    return isinstance(s, str) and (not s.isascii() or "_" in s)
+
+
 def _int(s, what: str) -> int:
-    if isinstance(s, bool):
-        raise _Bad(f"expected an integer {what}, got {s!r}")
+    """An integer from a CSV cell (``12``, ``12.0``) or a JSON number (``12``, ``12.0``); a
+    fractional part, inf/nan, a JSON bool, ``1_000`` or non-ASCII digits are malformed."""
+    if isinstance(s, bool) or _odd_text(s):
+        raise _Bad(f"expected an integer {what}, got {_short(s)}")
     if isinstance(s, int):
         return s
-    try:
-        return int(s)
-    except (TypeError, ValueError):
+    f = math.nan
+    if isinstance(s, str):
         try:
-            f = float(s)
-        except (TypeError, ValueError):
-            f = math.nan
-        if math.isfinite(f) and f.is_integer():
-            return int(f)
-    raise _Bad(f"expected an integer {what}, got {s!r}")
+            return int(s)
+        except ValueError:  # also past Python's 4300-digit limit: float() then gives inf
+            with contextlib.suppress(ValueError):
+                f = float(s)
+    elif isinstance(s, float):
+        f = s
+    if math.isfinite(f) and f.is_integer():
+        return int(f)
+    raise _Bad(f"expected an integer {what}, got {_short(s)}")
 
 
 def _float(s, what: str) -> float:
-    if isinstance(s, bool):
-        raise _Bad(f"expected a number {what}, got {s!r}")
+    if isinstance(s, bool) or _odd_text(s):
+        raise _Bad(f"expected a number {what}, got {_short(s)}")
     try:
         f = float(s)
-    except (TypeError, ValueError):
-        raise _Bad(f"expected a number {what}, got {s!r}") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past 1e308
+        raise _Bad(f"expected a number {what}, got {_short(s)}") from None
     if not math.isfinite(f):
-        raise _Bad(f"expected a finite number {what}, got {s!r}")
+        raise _Bad(f"expected a finite number {what}, got {_short(s)}")
     return f
+
+
+def _short(v, n: int = 40) -> str:
+    """``repr(v)``, cut to ``n`` characters (a 4000-digit JSON number stays one short line)."""
+    r = repr(v)
+    return r if len(r) <= n else f"{r[:n]}... ({len(r)} characters)"
 
 
 class _Ctx:

@@ -50,6 +50,11 @@ def _csv_rows(ctx: _Ctx, f, expect_header: list[str] | None, fmt: str):
     except csv.Error as e:
         raise TraceError(f"{ctx.name}:1: malformed CSV header ({e})") from None
     header = [h.strip() for h in header]
+    seen = set()
+    for c in header:
+        if c and c in seen:
+            raise TraceError(f"{ctx.name}:1: duplicate column {c!r}")
+        seen.add(c)
     if expect_header is not None and header[: len(expect_header)] != expect_header:
         raise TraceError(f"{ctx.name}:1: expected the {fmt} header {','.join(expect_header)}, "
                          f"got {','.join(header)!r}")
@@ -71,11 +76,12 @@ def _csv_rows(ctx: _Ctx, f, expect_header: list[str] | None, fmt: str):
 
 
 def _read_azure(ctx, f, opts):
+    """Columns past the three of the header are ignored (every row must have them all)."""
     stamp = _Stamps()
-    for line, row, _ in _csv_rows(ctx, f, AZURE_HEADER, "Azure"):
+    for line, row, header in _csv_rows(ctx, f, AZURE_HEADER, "Azure"):
         try:
-            if len(row) != 3:
-                raise _Bad(f"expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), "
+            if len(row) != len(header):
+                raise _Bad(f"expected {len(header)} fields ({','.join(header)}), "
                            f"got {len(row)}")
             yield (line, stamp(row[0]), _int(row[1].strip(), "ContextTokens"),
                    _int(row[2].strip(), "GeneratedTokens"), None)
@@ -84,10 +90,10 @@ def _read_azure(ctx, f, opts):
 
 
 def _read_vidur(ctx, f, opts):
-    for line, row, _ in _csv_rows(ctx, f, VIDUR_HEADER, "Vidur"):
+    for line, row, header in _csv_rows(ctx, f, VIDUR_HEADER, "Vidur"):
         try:
-            if len(row) < 3:
-                raise _Bad(f"expected 3 fields ({','.join(VIDUR_HEADER)}), got {len(row)}")
+            if len(row) != len(header):
+                raise _Bad(f"expected {len(header)} fields ({','.join(header)}), got {len(row)}")
             yield (line, _float(row[0], "arrived_at"), _int(row[1], "num_prefill_tokens"),
                    _int(row[2], "num_decode_tokens"), None)
         except _Bad as e:
@@ -130,8 +136,15 @@ def _read_burstgpt(ctx, f, opts):
 
 
 def _read_canonical(ctx, f, opts):
+    """Besides the fields: a ``request_id`` may appear once in the file, and a ``parent_id``
+    must name another request of it (its ``request_id``, or a row position from 0: the id the
+    client gives a row without one), checked at the end of the file. The request_ids are held
+    in memory."""
     bs = opts["block_size"]
     idx = None
+    rids: dict[str, int] = {}  # request_id -> line
+    missing_parents: dict[str, int] = {}  # parent_id not seen yet -> first line naming it
+    k = 0  # position of the row among the rows read
     for line, row, header in _csv_rows(ctx, f, None, "canonical"):
         if idx is None:
             missing = [c for c in CANONICAL_REQUIRED if c not in header]
@@ -170,6 +183,11 @@ def _read_canonical(ctx, f, opts):
                     kw[c] = _float(v, c)
                 else:
                     kw[c] = v
+            rid, parent = kw.get("request_id"), kw.get("parent_id")
+            if rid is not None and rid in rids:
+                raise _Bad(f"duplicate request_id {rid!r} (first at line {rids[rid]})")
+            if parent is not None and parent == rid:
+                raise _Bad(f"parent_id {parent!r} names the request itself")
             if others:
                 extra = {}
                 for c, i in others:
@@ -184,4 +202,15 @@ def _read_canonical(ctx, f, opts):
         except _Bad as e:
             ctx.bad(line, str(e))
             continue
+        if rid is not None:
+            rids[rid] = line
+            missing_parents.pop(rid, None)
+        if parent is not None and parent not in rids:
+            missing_parents.setdefault(parent, line)
         yield line, t, p, o, kw or None
+        k += 1
+    # a parent named by position: rows without a request_id get their index as id
+    for parent, line in missing_parents.items():
+        if not (parent.isascii() and parent.isdigit() and int(parent) < k):
+            raise TraceError(f"{ctx.name}:{line}: parent_id {parent!r} names no request in "
+                             "the trace")

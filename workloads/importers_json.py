@@ -13,9 +13,35 @@ from collections.abc import Callable
 import numpy as np
 from servesim.simulator.errors import TraceError
 from servesim.workloads.generators import MOONCAKE_BASE
-from servesim.workloads.importers_common import _UNDECODABLE, _Bad, _float, _int
+from servesim.workloads.importers_common import _UNDECODABLE, _Bad, _float, _int, _short
 
 MOONCAKE_BLOCK = 512  # tokens per Mooncake hash id
+# The largest hash id whose block ids stay below 2^62 (the id ranges of generators.py); real
+# traces number their blocks from 0, so a larger id is malformed.
+MOONCAKE_MAX_HASH = (2**62 - MOONCAKE_BASE) // MOONCAKE_BLOCK - 1
+
+
+def _json_error(e: Exception) -> str:
+    """Why a JSON text could not be decoded, in a few words."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(":")[0]  # "Exceeds the limit (4300 digits) for integer string ..."
+
+
+def _jint(v, what: str) -> int:
+    """An integer from a JSON value: a number, not a string of digits."""
+    if isinstance(v, str):
+        raise _Bad(f"expected an integer {what}, got the string {_short(v)}")
+    return _int(v, what)
+
+
+def _jfloat(v, what: str) -> float:
+    """A finite number from a JSON value: a number, not a string of digits."""
+    if isinstance(v, str):
+        raise _Bad(f"expected a number {what}, got the string {_short(v)}")
+    return _float(v, what)
 
 
 def mooncake_block_ids(hash_ids, input_length: int, block_size: int) -> tuple[int, ...] | None:
@@ -50,22 +76,27 @@ def _read_mooncake(ctx, f, opts):
         try:
             try:
                 rec = json.loads(text)
-            except json.JSONDecodeError:
-                raise _Bad(f"expected a JSON object, got {text.strip()[:40]!r}") from None
+            except (ValueError, RecursionError) as e:  # ValueError: an int past 4300 digits
+                raise _Bad(f"expected a JSON object ({_json_error(e)}), got "
+                           f"{text.strip()[:40]!r}") from None
             if not isinstance(rec, dict):
                 raise _Bad(f"expected a JSON object, got {text.strip()[:40]!r}")
             for k in ("timestamp", "input_length", "output_length"):
                 if k not in rec:
                     raise _Bad(f"expected key {k!r} (Mooncake: timestamp, input_length, "
                                "output_length, hash_ids)")
-            t = _float(rec["timestamp"], "timestamp (ms)") / 1000.0
-            p = _int(rec["input_length"], "input_length")
-            o = _int(rec["output_length"], "output_length")
+            t = _jfloat(rec["timestamp"], "timestamp (ms)") / 1000.0
+            p = _jint(rec["input_length"], "input_length")
+            o = _jint(rec["output_length"], "output_length")
             hids = rec.get("hash_ids") or []
             if not isinstance(hids, list) or not all(
                 isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids
             ):
                 raise _Bad("expected hash_ids to be a list of non-negative integers")
+            big = next((h for h in hids if h > MOONCAKE_MAX_HASH), None)
+            if big is not None:
+                raise _Bad(f"hash_ids entry {_short(big)} is too large (at most "
+                           f"{MOONCAKE_MAX_HASH:,})")
         except _Bad as e:
             ctx.bad(line, str(e))
             continue
@@ -78,6 +109,32 @@ def _load_json(ctx, f):
         return json.load(f)
     except json.JSONDecodeError as e:
         raise TraceError(f"{ctx.name}:{e.lineno}: expected JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:
+        raise TraceError(f"{ctx.name}: expected JSON ({_json_error(e)})") from None
+
+
+def _list(ctx, d: dict, key: str, n: int | None = None, optional: bool = False) -> list | None:
+    """``d[key]`` checked to be a list (of ``n`` entries when given); None when ``optional``
+    and absent, null or empty."""
+    v = d.get(key)
+    if optional and (v is None or v == []):
+        return None
+    if not isinstance(v, list):
+        raise TraceError(f"{ctx.name}: {key}: expected a list (one entry per request), got "
+                         f"{type(v).__name__} {_short(v)}")
+    if n is not None and len(v) != n:
+        raise TraceError(f"{ctx.name}: {key}: expected {n} entries (one per input_lens entry), "
+                         f"got {len(v)}")
+    return v
+
+
+def _sort_key(x) -> float:
+    """A start time to sort by: non-finite ones (refused row by row) last."""
+    try:
+        f = float(x)
+    except OverflowError:
+        return math.inf
+    return f if math.isfinite(f) else math.inf
 
 
 def _read_vllm_result(ctx, f, opts):
@@ -85,27 +142,27 @@ def _read_vllm_result(ctx, f, opts):
     if not isinstance(d, dict) or "input_lens" not in d or "output_lens" not in d:
         raise TraceError(f"{ctx.name}: expected a `vllm bench serve --save-detailed` result "
                          "with input_lens and output_lens")
-    ins, outs = d["input_lens"], d["output_lens"]
-    starts = d.get("start_times") or None
-    errs = d.get("errors") or [""] * len(ins)
-    if len(outs) != len(ins) or (starts is not None and len(starts) != len(ins)):
-        raise TraceError(f"{ctx.name}: input_lens, output_lens and start_times differ in length")
+    ins = _list(ctx, d, "input_lens")
+    outs = _list(ctx, d, "output_lens", len(ins))
+    starts = _list(ctx, d, "start_times", len(ins), optional=True)
+    errs = _list(ctx, d, "errors", len(ins), optional=True) or [""] * len(ins)
     order = range(len(ins))
     if starts is not None:
-        try:
-            order = sorted(order, key=lambda i: float(starts[i]))
-        except (TypeError, ValueError):
-            raise TraceError(f"{ctx.name}: expected numbers in start_times") from None
+        bad = [x for x in starts if not isinstance(x, (int, float)) or isinstance(x, bool)]
+        if bad:
+            raise TraceError(f"{ctx.name}: start_times: expected a list of numbers, got "
+                             f"{_short(bad[0])}")
+        order = sorted(order, key=lambda i: _sort_key(starts[i]))
     keep_failed = opts.get("keep_failed", False)
     for i in order:
         try:
-            p = _int(ins[i], "input_lens entry")
-            o = _int(outs[i], "output_lens entry")
-            t = _float(starts[i], "start_times entry") if starts is not None else 0.0
+            p = _jint(ins[i], "input_lens entry")
+            o = _jint(outs[i], "output_lens entry")
+            t = _jfloat(starts[i], "start_times entry") if starts is not None else 0.0
         except _Bad as e:
             ctx.bad(f"request {i}", str(e))
             continue
-        failed = bool(i < len(errs) and errs[i]) or o == 0
+        failed = bool(errs[i]) or o == 0
         if failed:
             ctx.stats["dropped_failed"] += 0 if keep_failed else 1
             if not keep_failed:
@@ -135,31 +192,41 @@ def read_sharegpt(ctx, f, opts):
     ``prompt_len``/``output_len`` fields when present, else a local tokenizer (``tokenizer``),
     else ceil(characters/4). ``sharegpt_output_len`` overrides the output length. Filter
     (``sharegpt_filter``, vLLM ``is_valid_sequence``): drop prompt < 4, output < 4 (unless
-    overridden), prompt > 1024, prompt + output > 2048 (counted in ``filtered``). The file is
-    read whole (a JSON array); only lengths are kept."""
+    overridden), prompt > 1024, prompt + output > 2048 (counted in ``filtered``, as are the
+    entries dropped for < 2 turns, for not being objects, or for lacking ``prompt_len`` /
+    ``output_len`` when other entries have them). Errors and requests name an entry by its
+    position in the file (from 0). The file is read whole (a JSON array); only lengths are
+    kept."""
     text = f.read()
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         try:
-            data = [json.loads(x) for x in text.splitlines() if x.strip()]
+            data = [json.loads(x) for x in text.split("\n") if x.strip()]
         except json.JSONDecodeError as e:
             raise TraceError(f"{ctx.name}:{e.lineno}: expected a ShareGPT JSON array") from None
+        except (ValueError, RecursionError) as e:
+            raise TraceError(f"{ctx.name}: expected JSON ({_json_error(e)})") from None
+    except (ValueError, RecursionError) as e:
+        raise TraceError(f"{ctx.name}: expected JSON ({_json_error(e)})") from None
     if not isinstance(data, list):
         raise TraceError(f"{ctx.name}: expected a ShareGPT JSON array of conversations")
-    pre = [d for d in data if isinstance(d, dict) and "prompt_len" in d and "output_len" in d]
-    data = pre if pre else [
-        d for d in data
+    pre = [(i, d) for i, d in enumerate(data)
+           if isinstance(d, dict) and "prompt_len" in d and "output_len" in d]
+    kept = pre if pre else [
+        (i, d) for i, d in enumerate(data)
         if isinstance(d, dict) and isinstance(d.get("conversations"), list)
         and len(d["conversations"]) >= 2
     ]
-    random.Random(opts.get("seed", 0)).shuffle(data)
+    ctx.stats["filtered"] += len(data) - len(kept)
+    random.Random(opts.get("seed", 0)).shuffle(kept)  # the same permutation as vLLM's
     count = None if pre else _tokenizer_len(opts.get("tokenizer"), ctx.name)
     fixed_out = opts.get("sharegpt_output_len")
-    for i, d in enumerate(data):
+    for i, d in kept:
         try:
             if pre:
-                p, o = _int(d["prompt_len"], "prompt_len"), _int(d["output_len"], "output_len")
+                p = _jint(d["prompt_len"], "prompt_len")
+                o = _jint(d["output_len"], "output_len")
             else:
                 c = d["conversations"]
                 if not all(isinstance(x, dict) and isinstance(x.get("value"), str)
@@ -167,7 +234,7 @@ def read_sharegpt(ctx, f, opts):
                     raise _Bad("expected conversations[0..1] with string 'value'")
                 p, o = count(c[0]["value"]), count(c[1]["value"])
         except _Bad as e:
-            ctx.bad(f"entry {d.get('id', i)!s}", str(e))
+            ctx.bad(f"entry {i}" + (f" (id {_short(d['id'])})" if "id" in d else ""), str(e))
             continue
         if fixed_out is not None:
             o = fixed_out

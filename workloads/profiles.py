@@ -47,11 +47,19 @@ def load_document(path: str | Path) -> Any:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such profile file")
-    text = p.read_text(encoding="utf-8-sig")
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: invalid UTF-8 bytes: expected a UTF-8 text file") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the file ({e.strerror or e})") from None
     try:
         if p.suffix.lower() == ".json":
             return json.loads(text)
         return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                          "nested too deeply") from None
     except (ValueError, yaml.YAMLError) as e:
         raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
                           f"{str(e).splitlines()[0]}") from None

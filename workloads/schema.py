@@ -14,6 +14,10 @@ from typing import Protocol
 # int32 range of vLLM's token positions, far past any model's context (10M tokens at most
 # today). Larger values are refused where they are read, as malformed.
 MAX_TOKENS = 2**31 - 1
+# The latest arrival a trace may hold, in seconds after its first request: 1e8 s, about 3.2
+# years. A later timestamp is a typo (year 2203 for 2023) or a unit mix-up, refused where it is
+# read; a run over a longer span would only be asked for by mistake.
+MAX_ARRIVAL_S = 1e8
 
 
 @dataclass(slots=True)

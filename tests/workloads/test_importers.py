@@ -150,7 +150,8 @@ def test_sharegpt(write):
     wl = build_workload(TraceWorkload(path=str(p)), block_size=16)
     r = list(wl)
     assert sorted((x.prompt_len, x.output_len) for x in r) == [(10, 20), (100, 100)]
-    assert wl.meta["filtered"] == 1 and all(x.arrival_s == 0 for x in r)
+    # filtered: "c" (prompt < 4 tokens) and "b" (< 2 turns, dropped as vLLM does)
+    assert wl.meta["filtered"] == 2 and all(x.arrival_s == 0 for x in r)
     assert wl.meta["timestamps"] == "generated"
     assert len(reqs(p, sharegpt_filter=False)) == 3
     pre = [{"prompt_len": 50, "output_len": 9}, {"prompt_len": 2000, "output_len": 9}]
