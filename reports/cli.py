@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
                                               "of a table.")] = False,
         itl_scale: Annotated[float, typer.Option("--itl-scale", help="Multiply measured ITL "
                                                  "(2 for inference-perf files with SSE-line "
-                                                 "timestamps).")] = 1.0,
+                                                 "timestamps); a finite number > 0.")] = 1.0,
     ) -> None:
         """Per-metric error of the simulation against measured results: vllm bench serve
         JSONs, inference-perf report folders / stage files, GuideLLM benchmarks.json, AIPerf
@@ -47,12 +47,20 @@ def register(app: typer.Typer) -> None:
         import math
 
         from rich.console import Console
-        from servesim.reports.compare import compare_files, mape, rich_table, write_csv
+        from servesim.reports.compare import (
+            check_output,
+            compare_files,
+            mape,
+            rich_table,
+            write_csv,
+        )
         from servesim.reports.console import print_table
         from servesim.simulator.errors import ServesimError
 
         if len(files) < 2:
             raise ServesimError("compare: give a simulated and at least one measured JSON")
+        if output is not None:  # before comparing: a bad -o must not cost the table
+            check_output(output, files)
         rows = compare_files(files, itl_scale=itl_scale)
         if output is not None:
             write_csv(rows, output)

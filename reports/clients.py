@@ -36,8 +36,9 @@ GuideLLM (``benchmarks.json``; ``metrics.<name>.successful`` distributions, ms u
     ``output_tokens_per_second`` / ``tokens_per_second``: means of rate-over-time
     distributions ≈ completed / duration. With ``requests.successful`` present the vLLM metrics
     are recomputed per request from ``info.timings`` (``request_start``,
-    ``first_token_iteration``, ``request_end``) instead; ITL then repeats each request's mean
-    gap output − 1 times (mean exact, percentiles approximate).
+    ``first_token_iteration``, ``request_end``) instead; the ITL mean is then the mean gap
+    weighted by output − 1 tokens (exact), and ITL percentiles are not given (a request's
+    single mean gap says nothing about the spread of its gaps).
 AIPerf / genai-perf (``profile_export_aiperf.json`` / ``profile_export_genai_perf.json``;
     ``{unit, avg, p50, p99, ...}`` per metric, ms)
     ``time_to_first_token`` = TTFT; ``request_latency`` = E2EL; ``inter_token_latency`` =
@@ -46,16 +47,22 @@ AIPerf / genai-perf (``profile_export_aiperf.json`` / ``profile_export_genai_per
     ``total_token_throughput`` per s over the profiling phase (warm-up excluded, as AIPerf
     reports steady state). With ``profile_export.jsonl`` beside it, the per-record values of the
     ``profiling`` phase give exact medians / p99 (``np.percentile``); p50 is AIPerf's median.
+    Units: ``ns``, ``us``, ``ms``, ``s`` (and their long spellings); any other is refused.
+
+Every value read is checked: a metric, count or rate that is there but is not a number (a
+string, a boolean, an object), or is negative or infinite, is an error naming the file and the
+key; NaN and absent values are "not measured".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servesim.simulator.errors import ServesimError
+from servesim.simulator.errors import ServesimError, short_repr
 
 MS = 1000.0
 
@@ -65,10 +72,49 @@ MS = 1000.0
 
 
 def _read_json(p: Path) -> Any:
+    if not p.is_file():
+        raise ServesimError(f"{p}: not a file")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ServesimError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except ValueError as e:
         raise ServesimError(f"{p}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise ServesimError(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+def _obj(v: Any, f: Any, key: str) -> dict:
+    """``v`` when an object, ``{}`` when absent (None); anything else is an error."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ServesimError(f"{f}: {key}: expected an object, got {short_repr(v)}")
+    return v
+
+
+def value(v: Any, f: Any, key: str) -> float | None:
+    """A measured number: None when absent or NaN (not measured); a finite number >= 0 as a
+    float; anything else (a string, a boolean, a negative or infinite number) is an error
+    naming the file ``f`` and the ``key``."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ServesimError(f"{f}: {key}: expected a number, got {short_repr(v)}")
+    if math.isnan(v):
+        return None
+    if not math.isfinite(v) or v < 0:
+        raise ServesimError(f"{f}: {key}: expected a finite non-negative number, got {v!r}")
+    return float(v)
+
+
+def _rate_value(v: Any, f: Any, key: str) -> Any:
+    """A request rate: a positive number, or ``"inf"`` when absent or infinite."""
+    if v is None or isinstance(v, str) and v.strip().lower() in ("inf", "+inf", "infinity"):
+        return "inf"
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+        return "inf" if math.isinf(v) else v
+    raise ServesimError(f"{f}: {key}: expected a positive number or 'inf', got {short_repr(v)}")
 
 
 def detect_result(path: str | Path) -> str | None:
@@ -130,34 +176,34 @@ def load_measured(path: str | Path, fmt: str | None = None, *,
     return docs
 
 
-def _pct(summary: dict | None, key: str, scale: float) -> float | None:
-    if not isinstance(summary, dict):
-        return None
-    v = summary.get(key)
-    return float(v) * scale if isinstance(v, (int, float)) else None
+def _scaled(v: float | None, scale: float) -> float | None:
+    return None if v is None else v * scale
 
 
-def _ip_doc(d: dict, name: str) -> dict:
-    succ = d.get("successes") or {}
-    lat = succ.get("latency") or {}
-    thr = succ.get("throughput") or {}
-    load = d.get("load_summary") or {}
-    fail = d.get("failures") or {}
-    out: dict = {"completed": succ.get("count"), "failed": fail.get("count"),
+def _ip_doc(d: dict, name: str, f: Path) -> dict:
+    succ = _obj(d.get("successes"), f, "successes")
+    lat = _obj(succ.get("latency"), f, "successes.latency")
+    thr = _obj(succ.get("throughput"), f, "successes.throughput")
+    load = _obj(d.get("load_summary"), f, "load_summary")
+    fail = _obj(d.get("failures"), f, "failures")
+    out: dict = {"completed": value(succ.get("count"), f, "successes.count"),
+                 "failed": value(fail.get("count"), f, "failures.count"),
                  "duration": d.get("benchmark_time_seconds")}
     for ours, theirs in (("ttft", "time_to_first_token"), ("tpot", "time_per_output_token"),
                          ("itl", "inter_token_latency"), ("e2el", "request_latency")):
-        s = lat.get(theirs)
-        out[f"mean_{ours}_ms"] = _pct(s, "mean", MS)
-        out[f"median_{ours}_ms"] = _pct(s, "median", MS)
-        out[f"p99_{ours}_ms"] = _pct(s, "p99", MS)
-    out["request_throughput"] = thr.get("requests_per_sec")
-    out["output_throughput"] = thr.get("output_tokens_per_sec")
-    out["total_token_throughput"] = thr.get("total_tokens_per_sec")
-    rate = load.get("requested_rate")
-    out["request_rate"] = rate if rate is not None else "inf"
-    if load.get("concurrency") is not None:
-        out["max_concurrency"] = load["concurrency"]
+        where = f"successes.latency.{theirs}"
+        s = _obj(lat.get(theirs), f, where)
+        for stat, key in (("mean", "mean"), ("median", "median"), ("p99", "p99")):
+            out[f"{stat}_{ours}_ms"] = _scaled(value(s.get(key), f, f"{where}.{key}"), MS)
+    for ours, theirs in (("request_throughput", "requests_per_sec"),
+                         ("output_throughput", "output_tokens_per_sec"),
+                         ("total_token_throughput", "total_tokens_per_sec")):
+        out[ours] = value(thr.get(theirs), f, f"successes.throughput.{theirs}")
+    out["request_rate"] = _rate_value(load.get("requested_rate"), f,
+                                      "load_summary.requested_rate")
+    conc = value(load.get("concurrency"), f, "load_summary.concurrency")
+    if conc is not None:
+        out["max_concurrency"] = conc
     out["label"] = name
     return out
 
@@ -180,7 +226,7 @@ def _ip_load(p: Path) -> list[dict]:
         if not isinstance(d, dict) or "successes" not in d:
             raise ServesimError(f"{f}: expected inference-perf lifecycle metrics "
                                 "(successes, failures, load_summary)")
-        doc = _ip_doc(d, f.stem.replace("_lifecycle_metrics", ""))
+        doc = _ip_doc(d, f.stem.replace("_lifecycle_metrics", ""), f)
         parts = f.name.split("_")
         doc["stage"] = int(parts[1]) if parts[0] == "stage" and parts[1].isdigit() else None
         doc["_file"] = str(f)
@@ -188,33 +234,41 @@ def _ip_load(p: Path) -> list[dict]:
     return out
 
 
-def _gl_dist(m: dict, name: str) -> dict | None:
-    v = m.get(name)
-    if isinstance(v, dict):
-        v = v.get("successful", v)
-    return v if isinstance(v, dict) else None
+def _gl_dist(m: dict, name: str, f: Path, where: str) -> tuple[dict, str]:
+    """A metric's ``successful`` distribution ({} when absent) and its key path."""
+    where = f"{where}.{name}"
+    v = _obj(m.get(name), f, where)
+    if "successful" in v:
+        where += ".successful"
+        v = _obj(v["successful"], f, where)
+    return v, where
 
 
-def _gl_pick(ds: dict | None, key: str, scale: float) -> float | None:
-    if ds is None:
-        return None
-    if key in ("mean", "median"):
-        v = ds.get(key)
-    else:
-        v = (ds.get("percentiles") or {}).get(key)
-    return float(v) * scale if isinstance(v, (int, float)) else None
+def _gl_pick(dist: tuple[dict, str], key: str, scale: float, f: Path) -> float | None:
+    ds, where = dist
+    if key not in ("mean", "median"):
+        where += ".percentiles"
+        ds = _obj(ds.get("percentiles"), f, where)
+    return _scaled(value(ds.get(key), f, f"{where}.{key}"), scale)
 
 
-def _gl_strategy(b: dict) -> tuple[str, Any]:
-    cfg = b.get("config") or b.get("args") or {}
-    st = cfg.get("strategy") or {}
+def _gl_strategy(b: dict, f: Path, where: str) -> tuple[str, Any, float | None]:
+    """(label, request_rate, max_concurrency) of a benchmark."""
+    key = "config" if b.get("config") is not None else "args"
+    cfg = _obj(b.get(key), f, f"{where}.{key}")
+    where = f"{where}.{key}.strategy"
+    st = _obj(cfg.get("strategy"), f, where)
     kind = st.get("type_") or st.get("type") or "unknown"
+    if not isinstance(kind, str):
+        raise ServesimError(f"{f}: {where}.type_: expected a string, got {short_repr(kind)}")
+    conc = value(st.get("max_concurrency"), f, f"{where}.max_concurrency")
     if kind in ("constant", "poisson", "async"):
-        return f"{kind}@{st.get('rate'):g}" if isinstance(st.get("rate"), (int, float)) \
-            else kind, st.get("rate")
+        rate = _rate_value(st.get("rate"), f, f"{where}.rate")
+        return (f"{kind}@{rate:g}" if rate != "inf" else kind), rate, conc
     if kind == "concurrent":
-        return f"concurrent@{st.get('streams')}", "inf"
-    return kind, "inf"
+        streams = value(st.get("streams"), f, f"{where}.streams")
+        return f"concurrent@{streams:g}" if streams is not None else kind, "inf", streams
+    return kind, "inf", 1.0 if kind == "synchronous" else conc
 
 
 def _gl_load(p: Path) -> list[dict]:
@@ -225,31 +279,39 @@ def _gl_load(p: Path) -> list[dict]:
         raise ServesimError(f"{f}: expected a GuideLLM report with a benchmarks list")
     out = []
     for i, b in enumerate(benches):
-        m = b.get("metrics") or {}
-        label, rate = _gl_strategy(b)
-        doc: dict = {"_file": str(f), "stage": i, "label": label,
-                     "request_rate": rate if rate is not None else "inf"}
-        reqs = (b.get("requests") or {}).get("successful")
-        tot = m.get("request_totals") or {}
-        doc["completed"] = tot.get("successful")
-        doc["failed"] = ((tot.get("errored") or 0) + (tot.get("incomplete") or 0)
-                         if tot else None)
-        ttft = _gl_dist(m, "time_to_first_token_ms")
-        itl = _gl_dist(m, "inter_token_latency_ms")
-        lat = _gl_dist(m, "request_latency")
+        where = f"benchmarks[{i}]"
+        b = _obj(b, f, where)
+        m = _obj(b.get("metrics"), f, f"{where}.metrics")
+        label, rate, conc = _gl_strategy(b, f, where)
+        doc: dict = {"_file": str(f), "stage": i, "label": label, "request_rate": rate}
+        if conc is not None:
+            doc["max_concurrency"] = conc
+        reqs = _obj(b.get("requests"), f, f"{where}.requests").get("successful")
+        w = f"{where}.metrics.request_totals"
+        tot = _obj(m.get("request_totals"), f, w)
+        doc["completed"] = value(tot.get("successful"), f, f"{w}.successful")
+        doc["failed"] = (sum(value(tot.get(k), f, f"{w}.{k}") or 0
+                             for k in ("errored", "incomplete")) if tot else None)
+        mw = f"{where}.metrics"
+        ttft = _gl_dist(m, "time_to_first_token_ms", f, mw)
+        itl = _gl_dist(m, "inter_token_latency_ms", f, mw)
+        lat = _gl_dist(m, "request_latency", f, mw)
         for k, src, sc in (("ttft", ttft, 1.0), ("e2el", lat, MS)):
-            doc[f"mean_{k}_ms"] = _gl_pick(src, "mean", sc)
-            doc[f"median_{k}_ms"] = _gl_pick(src, "median", sc)
-            doc[f"p99_{k}_ms"] = _gl_pick(src, "p99", sc)
-        doc["mean_itl_ms"] = _gl_pick(itl, "mean", 1.0)
-        doc["median_tpot_ms"] = _gl_pick(itl, "median", 1.0)
-        doc["p99_tpot_ms"] = _gl_pick(itl, "p99", 1.0)
+            doc[f"mean_{k}_ms"] = _gl_pick(src, "mean", sc, f)
+            doc[f"median_{k}_ms"] = _gl_pick(src, "median", sc, f)
+            doc[f"p99_{k}_ms"] = _gl_pick(src, "p99", sc, f)
+        doc["mean_itl_ms"] = _gl_pick(itl, "mean", 1.0, f)
+        doc["median_tpot_ms"] = _gl_pick(itl, "median", 1.0, f)
+        doc["p99_tpot_ms"] = _gl_pick(itl, "p99", 1.0, f)
         for k, name in (("request_throughput", "requests_per_second"),
                         ("output_throughput", "output_tokens_per_second"),
                         ("total_token_throughput", "tokens_per_second")):
-            doc[k] = _gl_pick(_gl_dist(m, name), "mean", 1.0)
-        if isinstance(reqs, list) and reqs and isinstance(reqs[0], dict) and "info" in reqs[0]:
-            doc.update(_gl_per_request(reqs))
+            doc[k] = _gl_pick(_gl_dist(m, name, f, mw), "mean", 1.0, f)
+        if reqs is not None and not isinstance(reqs, list):
+            raise ServesimError(f"{f}: {where}.requests.successful: expected a list, got "
+                                f"{short_repr(reqs)}")
+        if reqs and isinstance(reqs[0], dict) and "info" in reqs[0]:
+            doc.update(_gl_per_request(reqs, f, f"{where}.requests.successful"))
         out.append(doc)
     return out
 
@@ -261,39 +323,54 @@ def _stats3(x: np.ndarray, key: str) -> dict:
             float(np.median(x)) * MS, f"p99_{key}_ms": float(np.percentile(x, 99)) * MS}
 
 
-def _gl_per_request(reqs: list[dict]) -> dict:
-    ttft, e2el, tpot, itl_v, itl_w = [], [], [], [], []
-    for r in reqs:
-        t = (r.get("info") or {}).get("timings") or {}
-        start, first, end = t.get("request_start"), t.get("first_token_iteration"), \
-            t.get("request_end")
-        last = t.get("last_token_iteration") or end
-        n = (r.get("output_metrics") or {}).get("total_tokens") or t.get("token_iterations")
+def _gl_per_request(reqs: list, f: Path, where: str) -> dict:
+    """TTFT, E2EL and TPOT per request; the ITL mean as the gaps' total over their count
+    (no per-token array: the token counts come from the file)."""
+    ttft, e2el, tpot = [], [], []
+    gaps = n_gaps = 0.0
+    for j, r in enumerate(reqs):
+        w = f"{where}[{j}]"
+        r = _obj(r, f, w)
+        t = _obj(_obj(r.get("info"), f, f"{w}.info").get("timings"), f, f"{w}.info.timings")
+        tw = f"{w}.info.timings"
+        start, first, end = (value(t.get(k), f, f"{tw}.{k}") for k in (
+            "request_start", "first_token_iteration", "request_end"))
+        last = value(t.get("last_token_iteration"), f, f"{tw}.last_token_iteration") or end
+        n = value(_obj(r.get("output_metrics"), f, f"{w}.output_metrics").get("total_tokens"),
+                  f, f"{w}.output_metrics.total_tokens") \
+            or value(t.get("token_iterations"), f, f"{tw}.token_iterations")
         if start is None or first is None or end is None:
             continue
         ttft.append(first - start)
         e2el.append(end - start)
         if n and n > 1:
             tpot.append((end - first) / (n - 1))
-            itl_v.append((last - first) / (n - 1))
-            itl_w.append(n - 1)
+            gaps += last - first
+            n_gaps += n - 1
     out = _stats3(np.asarray(ttft), "ttft") | _stats3(np.asarray(e2el), "e2el") | \
         _stats3(np.asarray(tpot), "tpot")
-    if itl_v:
-        out |= _stats3(np.repeat(np.asarray(itl_v), np.asarray(itl_w, dtype=np.int64)), "itl")
+    if n_gaps:
+        out["mean_itl_ms"] = gaps / n_gaps * MS
     return out
 
 
-def _ap_metric(d: dict, name: str, key: str) -> float | None:
-    m = d.get(name)
-    if not isinstance(m, dict):
+AP_UNITS = {"ns": 1e-6, "nanoseconds": 1e-6, "us": 1e-3, "µs": 1e-3, "microseconds": 1e-3,
+            "ms": 1.0, "milliseconds": 1.0, "s": 1e3, "sec": 1e3, "seconds": 1e3}
+
+
+def _ap_metric(d: dict, name: str, key: str, f: Any, where: str = "") -> float | None:
+    """``d[name][key]`` in ms (``unit`` ns, us, ms or s; ms when absent)."""
+    where = f"{where}{name}"
+    m = _obj(d.get(name), f, where)
+    v = value(m.get(key), f, f"{where}.{key}")
+    if v is None:
         return None
-    v = m.get(key)
-    if not isinstance(v, (int, float)):
-        return None
-    unit = str(m.get("unit", "ms")).lower()
-    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3}.get(unit, 1.0)
-    return float(v) * scale
+    unit = m.get("unit", "ms")
+    scale = AP_UNITS.get(unit.strip().lower()) if isinstance(unit, str) else None
+    if scale is None:
+        raise ServesimError(f"{f}: {where}.unit: unknown unit {short_repr(unit)} "
+                            "(expected ns, us, ms, s)")
+    return v * scale
 
 
 def _ap_load(p: Path) -> list[dict]:
@@ -310,27 +387,22 @@ def _ap_load(p: Path) -> list[dict]:
     doc: dict = {"_file": str(f), "stage": None, "label": "profiling"}
     for ours, theirs in (("ttft", "time_to_first_token"), ("tpot", "inter_token_latency"),
                          ("e2el", "request_latency")):
-        doc[f"mean_{ours}_ms"] = _ap_metric(d, theirs, "avg")
-        doc[f"median_{ours}_ms"] = _ap_metric(d, theirs, "p50")
-        doc[f"p99_{ours}_ms"] = _ap_metric(d, theirs, "p99")
+        doc[f"mean_{ours}_ms"] = _ap_metric(d, theirs, "avg", f)
+        doc[f"median_{ours}_ms"] = _ap_metric(d, theirs, "p50", f)
+        doc[f"p99_{ours}_ms"] = _ap_metric(d, theirs, "p99", f)
     for ours, theirs in (("request_throughput", "request_throughput"),
                          ("output_throughput", "output_token_throughput"),
-                         ("total_token_throughput", "total_token_throughput")):
-        m = d.get(theirs)
-        doc[ours] = float(m["avg"]) if isinstance(m, dict) and isinstance(
-            m.get("avg"), (int, float)) else None
-    cnt = d.get("request_count")
-    doc["completed"] = int(cnt["avg"]) if isinstance(cnt, dict) and cnt.get("avg") is not None \
-        else None
-    err = d.get("error_request_count")
-    doc["failed"] = int(err["avg"]) if isinstance(err, dict) and err.get("avg") is not None \
-        else 0
-    cfg = d.get("input_config") or {}
-    rate = None
-    if isinstance(cfg, dict):
-        lg = cfg.get("loadgen") or {}
-        rate = lg.get("request_rate", cfg.get("request_rate"))
-    doc["request_rate"] = rate if rate is not None else "inf"
+                         ("total_token_throughput", "total_token_throughput"),
+                         ("completed", "request_count"), ("failed", "error_request_count")):
+        doc[ours] = value(_obj(d.get(theirs), f, theirs).get("avg"), f, f"{theirs}.avg")
+    if doc["failed"] is None:
+        doc["failed"] = 0
+    cfg = _obj(d.get("input_config"), f, "input_config")
+    lg = _obj(cfg.get("loadgen"), f, "input_config.loadgen")
+    rate, where = lg.get("request_rate"), "input_config.loadgen.request_rate"
+    if rate is None:
+        rate, where = cfg.get("request_rate"), "input_config.request_rate"
+    doc["request_rate"] = _rate_value(rate, f, where)
     jl = f.parent / "profile_export.jsonl"
     if jl.is_file():
         doc.update(_ap_records(jl))
@@ -338,20 +410,34 @@ def _ap_load(p: Path) -> list[dict]:
 
 
 def _ap_records(path: Path) -> dict:
-    ttft, e2el, tpot = [], [], []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            md = r.get("metadata") or {}
-            if str(md.get("benchmark_phase", "profiling")) != "profiling" or r.get("error"):
-                continue
-            m = r.get("metrics") or {}
-            for dst, key in ((ttft, "time_to_first_token"), (e2el, "request_latency"),
-                             (tpot, "inter_token_latency")):
-                v = _ap_metric(m, key, "value")
-                if v is not None:
-                    dst.append(v / MS)
-    return _stats3(np.asarray(ttft), "ttft") | _stats3(np.asarray(e2el), "e2el") | \
-        _stats3(np.asarray(tpot), "tpot")
+    vals: dict[str, list] = {"ttft": [], "e2el": [], "tpot": []}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if line.strip():
+                    _ap_record(line, f"{path}:{i}", vals)
+    except UnicodeDecodeError as e:
+        raise ServesimError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot read ({e.strerror or e})") from None
+    return _stats3(np.asarray(vals["ttft"]), "ttft") | _stats3(np.asarray(vals["e2el"]), "e2el") \
+        | _stats3(np.asarray(vals["tpot"]), "tpot")
+
+
+def _ap_record(line: str, where: str, vals: dict[str, list]) -> None:
+    """One ``profile_export.jsonl`` record's TTFT, E2EL and ITL (s) into ``vals``."""
+    try:
+        r = json.loads(line)
+    except ValueError as e:
+        raise ServesimError(f"{where}: not valid JSON ({e})") from None
+    if not isinstance(r, dict):
+        raise ServesimError(f"{where}: expected a JSON object, got {short_repr(r)}")
+    md = _obj(r.get("metadata"), where, "metadata")
+    if str(md.get("benchmark_phase", "profiling")) != "profiling" or r.get("error"):
+        return
+    m = _obj(r.get("metrics"), where, "metrics")
+    for ours, key in (("ttft", "time_to_first_token"), ("e2el", "request_latency"),
+                      ("tpot", "inter_token_latency")):
+        v = _ap_metric(m, key, "value", where, "metrics.")
+        if v is not None:
+            vals[ours].append(v / MS)
