@@ -142,6 +142,13 @@ def run_cli(argv: list[str] | None = None) -> int:
         typer.echo("interrupted: nothing was written", err=True)
         return 130
     except Exception as e:  # usage errors (typer's vendored click) and the like
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None and not debug:
+            # standard output failed (a full disk, a closed pipe): say so, and spare the
+            # interpreter's flush of it at exit
+            with contextlib.suppress(OSError):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed at exit)
+            typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
+            return 2
         if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
             ctx = getattr(e, "ctx", None)
             where = ctx.command_path if ctx is not None else "simulate"

@@ -1,6 +1,7 @@
 """`simulate run` / `simulate validate` end to end (subprocess, as a user runs them)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,20 @@ def test_prefix_hit_rate_matches_analytic(tmp_path):
     # Every request but the first hits the 1024-token (64-block) shared prefix.
     analytic = (len(rows) - 1) * 1024 / total_prompt
     assert abs(r["prefix_cache_hit_rate"] - analytic) < 0.01
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_standard_output_that_cannot_be_written_is_a_one_line_error(tmp_path):
+    """Standard output on a full disk (``> /dev/full``): exit 2 and one line on stderr, no
+    traceback (it was an internal error, exit 1)."""
+    import subprocess
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_len,output_len\n0,10,5\n1,20,6\n")
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-c",
+                            "from servesim.simulator.cli import main; main()",
+                            "trace", "stats", str(trace)],
+                           stdout=full, stderr=subprocess.PIPE, text=True, check=False)
+    assert p.returncode == 2
+    assert p.stderr == "error: cannot write the output: No space left on device\n"
