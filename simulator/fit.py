@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 from servesim.reports.ab import _num  # a JSON/CSV cell as a float (inf-aware, NaN if not)
-from servesim.simulator.errors import ConfigError, ServesimError
+from servesim.simulator.errors import ConfigError, ServesimError, short_repr
 from servesim.simulator.fit_search import polish, search
 
 # (name, where): fitted parameters, in report order
@@ -141,7 +141,7 @@ def load_measured(path: str | Path) -> MeasuredRun:
     try:
         d = json.loads(p.read_text())
     except OSError as e:
-        raise ServesimError(f"{path}: cannot read ({e.strerror})") from None
+        raise ServesimError(f"{p}: cannot read ({e.strerror})") from None
     except ValueError as e:
         raise ServesimError(f"{p}: not valid JSON ({e})") from None
     if isinstance(d, list) and d and isinstance(d[-1], dict):
@@ -151,6 +151,8 @@ def load_measured(path: str | Path) -> MeasuredRun:
         raise ServesimError(f"{p}: expected a `vllm bench serve --save-result --save-detailed` "
                             "file (per-request input_lens, output_lens, ttfts)")
     n = len(d["input_lens"])
+    if n == 0:
+        raise ServesimError(f"{p}: no requests (input_lens is empty)")
     for k in ("output_lens", "ttfts", "itls", "start_times", "errors", "latencies"):
         v = d.get(k)
         if v is not None and len(v) != n:
@@ -168,7 +170,7 @@ def load_measured(path: str | Path) -> MeasuredRun:
     have_itls = itls is not None and any(isinstance(x, list) for x in itls)
     for i in range(n):
         if have_itls and isinstance(itls[i], list):
-            gaps = [float(g) for g in itls[i] if g is not None]
+            gaps = [_gap(g, p, i, j) for j, g in enumerate(itls[i]) if g is not None]
             pooled.extend(gaps)
             e2el[i] = ttft[i] + sum(gaps)
         elif lat is not None:
@@ -188,6 +190,45 @@ def load_measured(path: str | Path) -> MeasuredRun:
         itls=np.asarray(pooled) if have_itls else None,
         request_rate=_num(d.get("request_rate", "inf")),
         max_concurrency=int(mc) if isinstance(mc, (int, float)) and mc else None)
+
+
+def _gap(g: Any, p: Path, i: int, j: int) -> float:
+    """One inter-token gap of the file (seconds)."""
+    try:
+        if isinstance(g, bool):
+            raise TypeError
+        return float(g)
+    except (TypeError, ValueError):
+        raise ServesimError(f"{p}: itls[{i}][{j}]: expected a number (seconds), got "
+                            f"{short_repr(g)}") from None
+
+
+def check_replayable(runs: list[MeasuredRun], max_model_len: int, config: str | Path) -> None:
+    """Every measured request fits ``max_model_len`` of the config (prompt + output tokens,
+    vLLM's context-length check): the replay would refuse the others, and the fit would
+    silently lose them (or the whole run), so the config is not the measured server's."""
+    for r in runs:
+        long = int(np.sum(r.input_lens + r.output_lens > max_model_len))
+        if long:
+            raise ConfigError(
+                f"{r.path}: {long} of {len(r.input_lens)} requests are longer (prompt + output "
+                f"tokens) than max_model_len {max_model_len} of {config}, so they cannot be "
+                "replayed: is it the measured server's config? (--set model.max_model_len=N)")
+
+
+def check_calibration_doc(doc: Any, where: str) -> dict:
+    """An existing calibration file ``-o`` merges into: a mapping whose ``frontend``,
+    ``host``, ``scales`` and ``fit`` sections (when present) are mappings."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: expected a calibration mapping (gpu:, frontend:, host: "
+                          f"...) to merge the fit into, got a {type(doc).__name__}")
+    for k in ("frontend", "host", "scales", "fit"):
+        if doc.get(k) is not None and not isinstance(doc[k], dict):
+            raise ConfigError(f"{where}: {k}: expected a mapping, got "
+                              f"{type(doc[k]).__name__} {short_repr(doc[k])}")
+    return doc
 
 
 def write_trace(run: MeasuredRun, folder: Path, block_size: int, prefix_len: int) -> Path:
@@ -439,6 +480,10 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
     for f in fix:
         if f not in names_all:
             raise ConfigError(f"--fix: {f!r} is not a fitted parameter ({', '.join(names_all)})")
+    both = {Path(p).resolve() for p in measured} & {Path(p).resolve() for p in holdout_files or []}
+    if both:
+        raise ConfigError(f"--holdout-file {min(both)}: also a measured file to fit; a held-out "
+                          "file must not be fitted")
     runs = [load_measured(p) for p in measured]
     held = [load_measured(p) for p in (holdout_files or [])]
     if holdout and not held:
@@ -455,7 +500,9 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
     if overrides:
         tree = apply_overrides(tree, overrides)
     # (the block size the replayed engine uses: vLLM's default for this model and GPU if unset)
-    block = resolve_config(validate_tree(copy.deepcopy(tree), str(config))).cache.block_size
+    resolved = resolve_config(validate_tree(copy.deepcopy(tree), str(config)))
+    block = resolved.cache.block_size
+    check_replayable(runs + held, resolved.model.max_model_len, config)
     tmp = tempfile.TemporaryDirectory(prefix="servesim-fit-")
     try:
         folder = Path(tmp.name)
@@ -589,7 +636,7 @@ def calibration_doc(res: FitResult, config: str | Path, gpu: str,
     """The calibration document ``-o`` writes (merged into ``existing``)."""
     from servesim.reports.bench_result import _version
 
-    doc = dict(existing or {})
+    doc = dict(check_calibration_doc(existing, "calibration file"))
     doc.setdefault("version", 2)
     doc.setdefault("gpu", gpu)
     if not any(doc.get(k) for k in ("gemm", "decode_attention", "prefill_attention",

@@ -78,27 +78,28 @@ def fit_command(
     )
     from servesim.simulator.progress import phase
 
-    if output is not None and output.exists() and output.is_dir():
-        raise ServesimError(f"{output}: is a folder; expected a calibration file path")
+    existing = _check_output(output) if output is not None else None
     with phase("fitting (simulations)", max_evals) as tick:
         res = fit(config, list(measured), overrides=list(overrides or []), holdout=holdout,
                   holdout_files=list(holdout_files or []), prefix_len=prefix_len,
                   fix=tuple(fix or ()), seed=seed, max_evals=max_evals, progress=tick,
                   scales=tuple(x.strip() for x in scales.split(",") if x.strip()))
-    doc = None
+    write_error = None
     if output is not None:
         import yaml
-        from servesim.simulator.config import load_config, load_yaml, resolve_config
+        from servesim.simulator.config import load_config, resolve_config
 
-        existing = load_yaml(output) if output.exists() else None
         cfg = resolve_config(load_config(config, list(overrides or [])))
         doc = calibration_doc(res, config, cfg.hardware.name, existing)
         text = (json.dumps(doc, indent=1) + "\n" if output.suffix == ".json" else
                 "# servesim calibration: fitted by `simulate fit` (see fit:)\n"
                 + yaml.safe_dump(doc, sort_keys=False))
-        if output.parent:
-            output.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(output, text)
+        try:
+            atomic_write_text(output, text)
+        except OSError as e:  # still print what was fitted (below), then fail
+            write_error = ServesimError(f"{output}: cannot write the calibration file: "
+                                        f"{e.strerror or e}; the fitted values are printed "
+                                        "above")
     tables = res.tables()
     if as_json:
         out = {
@@ -115,6 +116,8 @@ def fit_command(
         }
         typer.echo(json.dumps(out, indent=1, default=lambda v: None, allow_nan=False)
                    if not _has_nan(out) else json.dumps(_nan_to_none(out), indent=1))
+        if write_error is not None:
+            raise write_error
         return
     console = Console()
     t = Table(title="fitted parameters")
@@ -153,9 +156,39 @@ def fit_command(
                           markup=False, highlight=False)
     console.print(f"{res.evaluations} simulations ({res.message})", markup=False,
                   highlight=False)
+    if write_error is not None:
+        raise write_error
     if output is not None:
         console.print(f"Wrote {output} (use: hardware.calibration: {output})", markup=False,
                       highlight=False, soft_wrap=True)
+
+
+def _check_output(output: Path) -> dict | None:
+    """``-o FILE``, checked before fitting: not a folder, an existing FILE a calibration
+    mapping the fit can merge into, its folder creatable and writable. Returns FILE's
+    content (None: a new file)."""
+    import os
+    import tempfile
+
+    from servesim.reports.writers import make_parent
+    from servesim.simulator.config import load_yaml
+    from servesim.simulator.errors import ServesimError, path_is_dir, path_is_file
+    from servesim.simulator.fit import check_calibration_doc
+
+    if path_is_dir(output):
+        raise ServesimError(f"{output}: is a folder; expected a calibration file path")
+    existing = None
+    if path_is_file(output):
+        existing = check_calibration_doc(load_yaml(output), str(output))
+    parent = make_parent(output)
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{output.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ServesimError(f"{output}: cannot write the calibration file here: "
+                            f"{e.strerror or e}") from None
+    return existing
 
 
 def _has_nan(x) -> bool:

@@ -33,11 +33,13 @@ Output (``vllm bench sweep`` layout)::
     DIR/<experiment_name>/SERVE-<arm>-BENCH-<rate>/summary.json         list of runs
     DIR/<experiment_name>/summary.csv                                   one row per run
     DIR/<experiment_name>/ab.csv                                        paired A/B statistics
+    DIR/<experiment_name>/experiment.json                               which sweep wrote it
 
 A sweep is a grid of points on the experiment core (``simulator/experiments``): each finished
 point is written atomically by the driver process as soon as it finishes; ``resume=True`` skips
 points whose run file exists and was produced by the same point definition
-(``sweep_point_hash``). Summaries are rebuilt from the run files at the end in a fixed order, so
+(``sweep_point_hash``), and refuses a folder another sweep file of another content wrote
+(``experiment.json``: its path and :func:`definition_hash`). Summaries are rebuilt from the run files at the end in a fixed order, so
 resumed and uninterrupted sweeps give identical ``summary.csv``.
 """
 
@@ -54,14 +56,17 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simulator import config
-from servesim.simulator.errors import ConfigError
+from servesim.simulator.errors import ConfigError, ServesimError, path_is_file
 from servesim.simulator.experiments import ExperimentRun, Point, PointStore, content_hash, fmt_rate
 from servesim.simulator.experiments.points import inputs_hash
 from servesim.simulator.experiments.store import (
     HOST_TIMING_KEYS,
     LEADING_COLUMNS,
     atomic_write_text,
+    check_definition,
+    make_folder,
     remove_stale_temps,
+    write_definition,
 )
 
 SPEC_KEYS = (
@@ -349,6 +354,10 @@ def parse_spec(raw: Any, source: str = "<sweep>", sweep_path: Path | None = None
                 or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
             raise ConfigError(f"{source}: seeds: expected a non-empty list of integers, "
                               f"got {seeds!r}")
+        neg = next((i for i, s in enumerate(seeds) if s < 0), None)
+        if neg is not None:
+            raise ConfigError(f"{source}: seeds[{neg}]: expected an integer >= 0, "
+                              f"got {seeds[neg]}")
         if len(set(seeds)) != len(seeds):
             raise ConfigError(f"{source}: seeds: duplicate seeds in {seeds!r}")
     else:
@@ -390,8 +399,12 @@ def parse_spec(raw: Any, source: str = "<sweep>", sweep_path: Path | None = None
         if raw.get("request_rates") is not None:
             raise ConfigError(f"{source}: profile_sweep: conflicts with request_rates (the "
                               "sweep derives its rates)")
+        mc = psw.get("max_concurrency", 512)
+        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+            raise ConfigError(f"{source}: profile_sweep.max_concurrency: expected a positive "
+                              f"integer (or null: no cap), got {mc!r}")
         psw = {"sweep_size": size, "strategy": psw.get("strategy", "constant"),
-               "max_concurrency": psw.get("max_concurrency", 512)}
+               "max_concurrency": mc}
 
     baseline = raw.get("baseline")
     if baseline is not None and str(baseline) not in seen:
@@ -426,7 +439,9 @@ def validate_configs(spec: SweepSpec) -> None:
             where = f"{spec.source}: arms.{arm.name}" + (
                 f" at request_rate {fmt_rate(rate)}" if rate is not None else "")
             cfg = validate_tree(tree, where)
-            _check_registered(cfg, where)
+            resolved = _check_registered(cfg, where)
+            if rate == spec.rates[0]:  # (what fits and the files read do not depend on it)
+                _check_runnable(resolved, f"{spec.source}: arms.{arm.name}")
             if rate is None:
                 r = getattr(cfg.workload, "request_rate", None)
                 spec.rate_labels[(arm.name, None)] = fmt_rate(r) if r is not None else "base"
@@ -440,9 +455,9 @@ def validate_configs(spec: SweepSpec) -> None:
             labels[(arm.name, lab)] = rate
 
 
-def _check_registered(cfg: Any, where: str) -> None:
+def _check_registered(cfg: Any, where: str) -> Any:
     """Unknown scheduler policy / KV allocator names and configs vLLM would refuse at start-up
-    (``resolve_config``) fail up front, before any point runs."""
+    (``resolve_config``) fail up front, before any point runs; returns the resolved config."""
     from servesim.simulator import config as config_mod
     from servesim.simulator import registry
 
@@ -455,9 +470,30 @@ def _check_registered(cfg: Any, where: str) -> None:
     resolve = getattr(config_mod, "resolve_config", None)
     if resolve is not None:
         try:
-            resolve(cfg)
+            return resolve(cfg)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+    return cfg
+
+
+def _check_runnable(cfg: Any, where: str) -> None:
+    """The model fits the GPU (``plan_memory``, as ``simulate validate`` checks) and the
+    calibration and workload files the config reads exist, so a point cannot fail on them
+    after other arms have run."""
+    from servesim.costmodels import plan_memory
+    from servesim.simulator.experiments.points import check_input_files
+
+    if getattr(cfg, "cluster", None) is None:
+        try:
+            plan_memory(cfg)
+        except ServesimError as e:
+            e.args = (f"{where}: {e}",)
+            raise
+    for g in [cfg] + list(cfg.cluster.instances if getattr(cfg, "cluster", None) else []):
+        cal = str(getattr(getattr(g, "hardware", None), "calibration", None) or "auto").strip()
+        if cal.lower() not in ("auto", "none") and not path_is_file(Path(cal).expanduser()):
+            raise ConfigError(f"{where}: hardware.calibration: no such calibration file {cal}")
+    check_input_files(cfg, where)
 
 
 def load_spec(path: str | Path, *, check_configs: bool = True) -> SweepSpec:
@@ -526,6 +562,7 @@ class SweepOutcome:
     rows: list[dict]
     ab_rows: list[dict]
     wall_seconds: float
+    ab_note: str = ""  # why there is no A/B comparison (e.g. the baseline arm has no run)
 
 
 def run_sweep(
@@ -557,16 +594,12 @@ def run_sweep(
         return _run_profile_sweep(spec, store, t0, jobs=jobs, backend=backend,
                                   ray_address=ray_address, resume=resume, progress=progress,
                                   point_fn=point_fn, ab_method=ab_method)
+    _prepare_folder(spec, store, Path(outdir), resume)
     points = spec.points()
-    if not resume and store.holds_points():
-        raise ConfigError(f"{store.root}: already holds sweep results; pass --resume to "
-                          "continue that sweep, or choose another -o")
     todo = [p for p in points if not (resume and store.load(p, spec.point_hash(p)))]
     skipped = len(points) - len(todo)
     if max_points is not None:
         todo = todo[:max_points]
-    store.root.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(store.root)
     if backend == "local":  # no more workers than points (one point runs inline)
         jobs = min(jobs, max(1, len(todo)))
     run = ExperimentRun(store, label=f"sweep {spec.experiment_name}", total=len(points),
@@ -585,15 +618,51 @@ def run_sweep(
             failures.append((str(run.save_failure(p, fail)), out.error))
 
     rows = write_summaries(spec, store.root)
-    ab_rows: list[dict] = []
-    if len(spec.arms) > 1 and rows:
-        from servesim.reports.ab import ab_csv_text, paired_ab
-
-        ab_rows = paired_ab(rows, baseline=spec.baseline, method=ab_method)
-        atomic_write_text(store.root / "ab.csv", ab_csv_text(ab_rows))
+    ab_rows, note = _write_ab(spec, store.root, rows, ab_method)
     return SweepOutcome(exp_dir=store.root, num_points=len(points), num_skipped=skipped,
                         num_run=len(todo), num_failed=len(failures), failures=failures,
-                        rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)
+                        rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0,
+                        ab_note=note)
+
+
+def definition_hash(spec: SweepSpec) -> str:
+    """Hash of the sweep file as resolved (base config, overrides, arms, seeds, rates):
+    recorded in the folder, so that another sweep is not resumed into it."""
+    return content_hash(spec.experiment_name, spec.base_tree, [list(o) for o in spec.overrides],
+                        [[a.name, [list(o) for o in a.overrides]] for a in spec.arms],
+                        spec.seeds, spec.rates, spec.profile_sweep, spec.baseline)
+
+
+def _prepare_folder(spec: SweepSpec, store: PointStore, outdir: Path, resume: bool) -> None:
+    """Create the experiment folder (one-line error when it cannot be one); refuse one that
+    holds results, unless ``resume`` continues the same sweep (see ``check_definition``)."""
+    make_folder(outdir, "sweep output")
+    source, digest = str(Path(spec.source).resolve()), definition_hash(spec)
+    if store.holds_points():
+        check_definition(store.root, "sweep", source, digest, resume)
+        if not resume:
+            raise ConfigError(f"{store.root}: already holds sweep results; pass --resume to "
+                              "continue that sweep, or choose another -o")
+    make_folder(store.root, "sweep output")
+    remove_stale_temps(store.root)
+    write_definition(store.root, "sweep", source, digest)
+
+
+def _write_ab(spec: SweepSpec, root: Path, rows: list[dict], method: str
+              ) -> tuple[list[dict], str]:
+    """Paired A/B rows of every arm against the baseline, written to ``ab.csv``; none (and
+    why) when the baseline arm has no successful run."""
+    if len(spec.arms) < 2 or not rows:
+        return [], ""
+    from servesim.reports.ab import ab_csv_text, paired_ab
+
+    if not any(str(r.get("arm")) == spec.baseline for r in rows):
+        (root / "ab.csv").unlink(missing_ok=True)
+        return [], (f"no A/B comparison (ab.csv): baseline arm {spec.baseline} has no "
+                    "successful run")
+    ab_rows = paired_ab(rows, baseline=spec.baseline, method=method)
+    atomic_write_text(root / "ab.csv", ab_csv_text(ab_rows))
+    return ab_rows, ""
 
 
 def _run_profile_sweep(spec: SweepSpec, store: PointStore, t0: float, *, jobs, backend,
@@ -602,11 +671,7 @@ def _run_profile_sweep(spec: SweepSpec, store: PointStore, t0: float, *, jobs, b
     their measured request throughputs (see the module doc)."""
     import numpy as np
 
-    if not resume and store.holds_points():
-        raise ConfigError(f"{store.root}: already holds sweep results; pass --resume to "
-                          "continue that sweep, or choose another -o")
-    store.root.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(store.root)
+    _prepare_folder(spec, store, store.root.parent, resume)
     failures: list[tuple[str, str]] = []
     num_run = skipped = 0
     records: dict[tuple[str, str, int], dict] = {}
@@ -651,12 +716,8 @@ def _run_profile_sweep(spec: SweepSpec, store: PointStore, t0: float, *, jobs, b
                         "request_rate": p.rate_label, **dict(p.arm_overrides)}
                 failures.append((str(run.save_failure(p, fail)), out.error))
     rows = write_summaries(spec, store.root)
-    ab_rows: list[dict] = []
-    if len(spec.arms) > 1 and rows:
-        from servesim.reports.ab import ab_csv_text, paired_ab
-
-        ab_rows = paired_ab(rows, baseline=spec.baseline, method=ab_method)
-        atomic_write_text(store.root / "ab.csv", ab_csv_text(ab_rows))
+    ab_rows, note = _write_ab(spec, store.root, rows, ab_method)
     return SweepOutcome(exp_dir=store.root, num_points=len(spec.points()), num_skipped=skipped,
                         num_run=num_run, num_failed=len(failures), failures=failures,
-                        rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0)
+                        rows=rows, ab_rows=ab_rows, wall_seconds=time.perf_counter() - t0,
+                        ab_note=note)

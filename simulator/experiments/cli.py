@@ -95,6 +95,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run arms x request rates x seeds; write the vllm bench sweep layout and A/B stats."""
         from rich.console import Console
+        from rich.markup import escape
         from servesim.reports.ab import ab_rich_table
         from servesim.simulator.errors import ConfigError
         from servesim.simulator.experiments.executors import check_options
@@ -137,7 +138,11 @@ def register(app: typer.Typer) -> None:
             f"{out.num_failed} failed, in {out.wall_seconds:.1f} s -> {out.exp_dir}",
             highlight=False)
         for path, err in out.failures[:10]:
-            console.print(f"[red]failed[/] {path}: {err}", highlight=False)
+            console.print("[red]failed[/] " + escape(f"{path}: {err}"), highlight=False,
+                          soft_wrap=True)
+        if out.ab_note:
+            console.print(f"warning: {out.ab_note}", highlight=False, markup=False,
+                          soft_wrap=True)
         if out.num_failed:
             raise typer.Exit(1)
 
@@ -164,11 +169,15 @@ def register(app: typer.Typer) -> None:
         --overwrite (clear it first)."""
         from rich.console import Console
         from servesim.reports.plan import print_plan
+        from servesim.simulator.errors import ConfigError
         from servesim.simulator.experiments.executors import check_options
         from servesim.simulator.plan import load_plan
         from servesim.simulator.plan.runner import run_plan
 
         n_jobs = check_options(backend, jobs)
+        if resume and overwrite:
+            raise ConfigError("--resume and --overwrite: conflicting options (--resume continues "
+                              "the plan in OUTPUT, --overwrite clears it); pass one")
         spec, plan_dir = load_plan(plan_file)
         if not resume:
             _fresh_output(output, plan_file, overwrite)
@@ -177,7 +186,7 @@ def register(app: typer.Typer) -> None:
         argv = _argv("plan", plan_file, output, jobs, backend, ray_address)
         res = _interruptible(argv, lambda: run_plan(
             spec, plan_dir, output, jobs=n_jobs, backend=backend, ray_address=ray_address,
-            resume=resume, quiet=quiet or as_json, log=log))
+            resume=resume, quiet=quiet or as_json, log=log, source=str(plan_file)))
         if as_json:
             import json
 

@@ -50,12 +50,13 @@ def content_hash(*parts: Any) -> str:
 
 
 def fmt_rate(rate: float | None) -> str:
-    """Folder label of a request rate: ``4``, ``2.5``, ``inf`` (``base`` for None)."""
+    """Folder label of a request rate: ``4``, ``2.5``, ``inf``, ``1e+300`` (``base`` for
+    None)."""
     if rate is None:
         return "base"
     if math.isinf(rate):
         return "inf"
-    return str(int(rate)) if float(rate).is_integer() else repr(float(rate))
+    return str(int(rate)) if float(rate).is_integer() and rate < 1e15 else repr(float(rate))
 
 
 def one_line(e: BaseException) -> str:
@@ -107,6 +108,18 @@ def _spec_dict(spec: Any) -> dict:
     for k in ("source", "file"):
         d.pop(k, None)
     return d
+
+
+def check_input_files(cfg: Any, where: str) -> None:
+    """The workload files (traces, profiles, length files) a validated config reads exist: a
+    one-line error naming ``where`` and the file, before any point runs. Relative paths are
+    read from the working directory, as ``simulate run`` reads them."""
+    from servesim.simulator.errors import ConfigError, path_is_file
+
+    for p in _trace_paths(cfg.dump_tree(mode="json").get("workload")):
+        if not path_is_file(Path(p)):
+            raise ConfigError(f"{where}: workload: {p}: no such file (relative paths are read "
+                              "from the working directory)")
 
 
 def _trace_paths(node: Any) -> list[str]:

@@ -48,6 +48,52 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def make_folder(path: str | Path, what: str = "output") -> Path:
+    """Create the folder ``path`` (and its parents); a one-line error naming it when it, or
+    one of its parents, is a file, or it cannot be created (``what``: the kind of folder)."""
+    from servesim.simulator.errors import ConfigError, path_is_dir
+
+    p = Path(path)
+    for q in (p, *p.absolute().parents):
+        if os.path.lexists(q):
+            if not path_is_dir(q):
+                why = "exists and is not a folder" if q == p else f"{q} is a file, not a folder"
+                raise ConfigError(f"{p}: {why}; choose another {what} folder")
+            break
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{p}: cannot write the {what} folder here: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
+    return p
+
+
+DEFINITION_FILE = "experiment.json"  # which sweep / plan wrote a folder (``check_definition``)
+
+
+def check_definition(folder: Path, kind: str, source: str, digest: str, resume: bool) -> None:
+    """Refuse to write into ``folder`` when its :data:`DEFINITION_FILE` says another
+    ``kind`` (sweep or plan) wrote it: another file (``source``, as resolved) of another
+    content (``digest``: a hash of the resolved file). Its points would be overwritten and the
+    summaries would mix both. The same file edited, or the same definition under another
+    name, continues (changed points rerun); a folder without the file (older versions) is
+    taken as this experiment's."""
+    from servesim.simulator.errors import ConfigError
+
+    old = read_json(folder / DEFINITION_FILE)
+    if old is None or old.get("hash") == digest or old.get("source") == source:
+        return
+    raise ConfigError(f"{folder}: holds the results of another {kind} ({old.get('source')}), "
+                      f"not of {source}"
+                      + (f"; --resume continues only the same {kind}" if resume else "")
+                      + "; choose another -o")
+
+
+def write_definition(folder: Path, kind: str, source: str, digest: str) -> None:
+    """Record which ``kind`` (sweep or plan) file and definition writes ``folder``."""
+    write_json(folder / DEFINITION_FILE, {"kind": kind, "source": source, "hash": digest})
+
+
 def remove_stale_temps(folder: Path) -> None:
     """Delete temp files under ``folder`` left by a writer that was killed between writing and
     renaming (``.<name>.<pid>.tmp`` whose process no longer runs)."""

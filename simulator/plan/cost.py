@@ -14,26 +14,40 @@ from servesim.simulator.errors import ConfigError
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, dict]:
-    """GPU name → {usd_per_gpu_hour, source, as_of} from a price YAML (configs/prices.yaml)."""
-    import yaml
+    """GPU name → {usd_per_gpu_hour, source, as_of} from a price YAML (default: the shipped
+    configs/prices.yaml); a one-line ConfigError naming the file for a missing or bad one."""
+    from servesim.simulator.config import load_yaml
+    from servesim.simulator.errors import path_is_file
 
-    p = Path(path) if path else Path(__file__).resolve().parents[2] / "configs" / "prices.yaml"
-    if not p.is_file():
-        from importlib import resources
+    if path:
+        p = Path(path)
+        if not path_is_file(p):
+            raise ConfigError(f"{p}: price file not found")
+    else:
+        p = Path(__file__).resolve().parents[2] / "configs" / "prices.yaml"
+        if not p.is_file():
+            from importlib import resources
 
-        try:
-            p = Path(str(resources.files("servesim.configs").joinpath("prices.yaml")))
-        except (ModuleNotFoundError, FileNotFoundError):
-            raise ConfigError(f"{path or 'prices.yaml'}: price file not found") from None
-    tree = yaml.safe_load(p.read_text()) or {}
-    gpus = tree.get("gpus")
+            try:
+                p = Path(str(resources.files("servesim.configs").joinpath("prices.yaml")))
+            except (ModuleNotFoundError, FileNotFoundError):
+                raise ConfigError("prices.yaml: price file not found") from None
+    tree = load_yaml(p)
+    gpus = tree.get("gpus") if isinstance(tree, dict) else None
     if not isinstance(gpus, dict):
         raise ConfigError(f"{p}: expected a 'gpus:' mapping of name → {{usd_per_gpu_hour, ...}}")
     out = {}
     for name, v in gpus.items():
         if not isinstance(v, dict) or "usd_per_gpu_hour" not in v:
             raise ConfigError(f"{p}: gpus.{name}: expected usd_per_gpu_hour, source, as_of")
-        out[str(name)] = {"usd_per_gpu_hour": float(v["usd_per_gpu_hour"]),
+        try:
+            price = float(v["usd_per_gpu_hour"])
+        except (TypeError, ValueError):
+            price = math.nan
+        if isinstance(v["usd_per_gpu_hour"], bool) or not (math.isfinite(price) and price >= 0):
+            raise ConfigError(f"{p}: gpus.{name}.usd_per_gpu_hour: expected a finite number "
+                              f">= 0, got {v['usd_per_gpu_hour']!r}")
+        out[str(name)] = {"usd_per_gpu_hour": price,
                           "source": str(v.get("source", "")), "as_of": str(v.get("as_of", ""))}
     return out
 

@@ -14,7 +14,8 @@ For every candidate deployment of the search space:
 
 Every simulated point is kept as ``DIR/points/SERVE-<candidate>-BENCH-<rate>/run=<seed>.json``
 (the ``vllm bench sweep`` layout) and reused by ``--resume`` when its definition (config tree,
-rate, seed, SLO) is unchanged.
+rate, seed, SLO) is unchanged; ``DIR/experiment.json`` records which plan file wrote DIR, and
+``--resume`` refuses a folder another plan file of another content wrote.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simulator.errors import ServesimError
-from servesim.simulator.experiments import ExperimentRun, Point, PointStore, fmt_rate
-from servesim.simulator.experiments.store import remove_stale_temps
+from servesim.simulator.experiments import ExperimentRun, Point, PointStore, content_hash, fmt_rate
+from servesim.simulator.experiments.store import (
+    check_definition,
+    make_folder,
+    remove_stale_temps,
+    write_definition,
+)
 from servesim.simulator.plan.cost import load_prices, replicas_for
 from servesim.simulator.plan.point import evaluate_point, point_hash, resolve_tree, sustained_tree
 from servesim.simulator.plan.search import (
@@ -39,7 +45,13 @@ from servesim.simulator.plan.search import (
     summarize_searches,
 )
 from servesim.simulator.plan.slo import slo_passed, slo_ratio
-from servesim.simulator.plan.spec import PlanSpec, base_tree, expand_candidates, get_path
+from servesim.simulator.plan.spec import (
+    PlanSpec,
+    base_tree,
+    expand_candidates,
+    get_path,
+    prices_path,
+)
 
 
 @dataclass
@@ -76,26 +88,33 @@ def run_plan(spec: PlanSpec, plan_dir: Path, outdir: str | Path, *, jobs: int = 
              backend: str = "local", ray_address: str | None = None, resume: bool = False,
              quiet: bool = False, evaluate: Callable[..., dict] | None = None,
              fit_check: Callable | None = None, write_report: bool = True,
-             log: Callable[[str], None] | None = None) -> dict[str, Any]:
+             log: Callable[[str], None] | None = None, source: str | None = None
+             ) -> dict[str, Any]:
     """Run a capacity plan; write plan.csv, plan.json, points/, report.md, report.html.
 
     ``evaluate`` (default :func:`~servesim.simulator.plan.point.evaluate_point`) maps
     (tree, rate, seed, slo dict, candidate name) → a point record with ``plan_point`` metrics;
     ``fit_check`` (default :func:`~servesim.simulator.plan.point.resolve_tree`) maps
     (tree, source) → (cfg, memory plan) or raises; tests inject fast synthetic ones.
-    Returns the plan.json dict. Ctrl-C raises
+    ``source``: the plan file (default: the plan's name), recorded in ``outdir`` so that
+    ``resume`` refuses a folder another plan wrote. Returns the plan.json dict. Ctrl-C raises
     :class:`~servesim.simulator.experiments.Interrupted` (points kept so far).
     """
     from servesim.simulator.plan.summary import summarize_plan, write_plan_outputs
 
     outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(outdir)
-    evaluate = evaluate or evaluate_point
-    log = log or (lambda s: None)
     wall0 = time.perf_counter()
     tree = base_tree(spec, plan_dir)
-    prices = load_prices(_resolve_rel(spec.prices, plan_dir) if spec.prices else None)
+    prices = load_prices(prices_path(spec, plan_dir))
+    source = str(Path(source).resolve()) if source else spec.name
+    digest = content_hash(spec.model_dump(mode="json"), tree)
+    if resume:
+        check_definition(outdir, "plan", source, digest, resume)
+    make_folder(outdir, "plan output")
+    remove_stale_temps(outdir)
+    write_definition(outdir, "plan", source, digest)
+    evaluate = evaluate or evaluate_point
+    log = log or (lambda s: None)
     slo_d = spec.slo.model_dump()
 
     cands = [Candidate(n, a, t) for n, a, t in expand_candidates(spec, tree)]
@@ -197,13 +216,6 @@ def _progress(cands: list[Candidate], pending: int) -> tuple[int, int]:
     done = sum(len(s.history) for c in cands for s in c.searches.values())
     left = sum(0 if s.done else 3 for c in cands for s in c.searches.values())
     return done, done + left + pending
-
-
-def _resolve_rel(p: str, plan_dir: Path) -> Path:
-    q = Path(p)
-    if q.is_absolute() or q.is_file():
-        return q
-    return plan_dir / q
 
 
 def _check_fit(c: Candidate, spec: PlanSpec, fit_check: Callable) -> None:

@@ -18,9 +18,10 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
+    StrictInt,
     field_validator,
+    model_validator,
 )
 from servesim.simulator.errors import ConfigError
 
@@ -41,9 +42,9 @@ class PlanSLO(_Section):
     ``--goodput`` definition; TPOT of 1-token requests counts as 0).
     """
 
-    ttft_ms: PositiveFloat | None = None
-    tpot_ms: PositiveFloat | None = None
-    e2el_ms: PositiveFloat | None = None
+    ttft_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    tpot_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    e2el_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     percentile: float = Field(99.0, gt=0, le=100)
     min_goodput_pct: float | None = Field(None, gt=0, le=100)
     max_queue_growth: float | None = Field(
@@ -64,10 +65,18 @@ class PlanTolerance(_Section):
     rel_width: float = Field(0.05, gt=0, lt=1,
                              description="Stop bisecting when (hi - lo) / hi ≤ this")
     max_evals: PositiveInt = Field(14, description="Simulations per (candidate, seed) at most")
-    first_guess_rps: PositiveFloat | None = Field(
-        None, description="Start of the bracketing (default: an analytic roofline guess)")
-    min_rps: PositiveFloat = Field(0.01, description="Below this the SLO is deemed unreachable")
-    max_rps: PositiveFloat = Field(1e5, description="Stop doubling above this")
+    first_guess_rps: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="Start of the bracketing (default: an analytic roofline guess)")
+    min_rps: float = Field(0.01, gt=0, allow_inf_nan=False,
+                           description="Below this the SLO is deemed unreachable")
+    max_rps: float = Field(1e5, gt=0, allow_inf_nan=False, description="Stop doubling above this")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_rps >= self.max_rps:
+            raise ValueError(f"min_rps {self.min_rps:g} must be below max_rps {self.max_rps:g}")
+        return self
 
 
 AXIS_ALIASES = {
@@ -109,16 +118,17 @@ class PlanSpec(_Section):
     set: list[str] = Field(default_factory=list, description="--set overrides on the base")
     workload: dict | None = Field(None, description="Replaces the base's workload section")
     slo: PlanSLO
-    target_request_rate: PositiveFloat = Field(description="Total traffic to serve, req/s")
+    target_request_rate: float = Field(gt=0, allow_inf_nan=False,
+                                       description="Total traffic to serve, req/s")
     search: dict[str, list[Any]] = Field(
         default_factory=dict,
         description="Axis → values; axes are config key paths or aliases (hardware, "
         "tensor_parallel_size, pipeline_parallel_size, max_num_seqs, max_num_batched_tokens, "
         "policy ...). null keeps the base / vLLM default.")
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    seeds: list[StrictInt] = Field(default_factory=lambda: [0, 1, 2])
     tolerance: PlanTolerance = PlanTolerance()
     min_duration_s: float | None = Field(
-        60.0, gt=0, description="Raise num_prompts (num_sessions) to rate × this, so every "
+        60.0, gt=0, allow_inf_nan=False, description="Raise num_prompts (num_sessions) to rate × this, so every "
         "point offers a sustained load and not a short burst (random/synthetic/sessions)")
     max_prompts: PositiveInt = Field(20000, description="Cap of that raise")
     confirm: bool = Field(True, description="Simulate each candidate at its operating point")
@@ -135,6 +145,27 @@ class PlanSpec(_Section):
     def _seeds(cls, v):
         if not v:
             raise ValueError("at least one seed is needed")
+        for i, s in enumerate(v):
+            if s < 0:
+                raise ValueError(f"[{i}]: expected an integer >= 0, got {s}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate seeds in {v}")
+        return v
+
+    @field_validator("search")
+    @classmethod
+    def _search(cls, v):
+        seen: dict[str, str] = {}
+        for k, vals in v.items():
+            if not vals:
+                raise ValueError(f"{k}: expected a non-empty list of values")
+            key = AXIS_ALIASES.get(k, k)
+            if key in ("workload.request_rate", "workload.session_rate", "workload.seed"):
+                raise ValueError(f"{k}: the planner sets it (the search rate, seeds:); "
+                                 "it cannot be an axis")
+            if key in seen:
+                raise ValueError(f"{k}: the same axis as {seen[key]} ({key})")
+            seen[key] = k
         return v
 
     def axes(self) -> dict[str, list[Any]]:
@@ -149,11 +180,47 @@ def load_plan(path: str | Path) -> tuple[PlanSpec, Path]:
     p = Path(path)
     tree = load_yaml(p)
     try:
-        return PlanSpec.model_validate(tree), p.resolve().parent
+        spec = PlanSpec.model_validate(tree)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"{p}: {loc}: {err['msg']}") from None
+        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"])[1:]
+        msg = err["msg"].removeprefix("Value error, ")
+        sep = "" if msg.startswith("[") or not loc else ": "
+        raise ConfigError(f"{p}: {loc}{sep}{msg}") from None
+    check_plan(spec, p.resolve().parent, str(p))
+    return spec, p.resolve().parent
+
+
+def check_plan(spec: PlanSpec, plan_dir: Path, source: str) -> None:
+    """User errors fail up front, one line naming the plan file and key, before anything
+    runs: the base config (``base`` + ``set`` + ``workload``) and every value of every search
+    axis must be valid config (no unknown key), the files they read and the price file must
+    exist. (What some candidates cannot run, e.g. a model larger than a GPU, skips those.)"""
+    from servesim.simulator.config import validate_tree
+    from servesim.simulator.errors import in_file
+    from servesim.simulator.experiments.points import check_input_files
+    from servesim.simulator.plan.cost import load_prices
+
+    with in_file(source):
+        tree = base_tree(spec, plan_dir)
+    cfg = validate_tree(copy.deepcopy(tree), f"{source}: base/set/workload")
+    check_input_files(cfg, source)
+    for k, values in spec.search.items():
+        for v in values:
+            t = copy.deepcopy(tree)
+            set_path(t, AXIS_ALIASES.get(k, k), v)
+            validate_tree(t, f"{source}: search.{k}")
+    with in_file(f"{source}: prices"):
+        load_prices(prices_path(spec, plan_dir))
+
+
+def prices_path(spec: PlanSpec, plan_dir: Path) -> Path | None:
+    """The plan's price file (None: the shipped one); relative to the working directory when
+    it is there, else to the plan file's folder."""
+    if not spec.prices:
+        return None
+    q = Path(spec.prices)
+    return q if q.is_absolute() or q.is_file() else plan_dir / q
 
 
 # ---------------------------------------------------------------------------------------------

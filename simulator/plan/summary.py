@@ -122,8 +122,7 @@ def _row(spec: PlanSpec, c: Candidate, prices: dict[str, dict], sizing: dict) ->
     else:
         cost = deployment_cost(spec.target_request_rate, 0.0, gpr, math.nan, mean_out)
         row["fits"] = False
-        row["reason"] = (f"SLO not met even at {spec.tolerance.min_rps:g} req/s"
-                         if c.points else "no point simulated")
+        row["reason"] = _no_capacity(c, spec)
     row.update(cost)
     row["replicas_at_ci_low"] = (replicas_for(spec.target_request_rate, row["ci_low"])
                                  if row["ci_low"] and row["ci_low"] > 0 else math.nan)
@@ -158,6 +157,20 @@ def _row(spec: PlanSpec, c: Candidate, prices: dict[str, dict], sizing: dict) ->
             f"{_replicas(c.replicas - 1)} ({human(missed['request_rate'])} req/s each) the "
             "simulated operating point missed " + "; ".join(slo_misses(missed, spec.slo)))
     return row
+
+
+def _no_capacity(c: Candidate, spec: PlanSpec) -> str:
+    """Why a candidate has no capacity: what the lowest rate simulated missed, and whether the
+    search gave up at max_evals before reaching min_rps."""
+    if not c.points:
+        return "no point simulated"
+    low = min(c.points, key=lambda p: p["request_rate"])
+    misses = "; ".join(slo_misses(low, spec.slo)) or "the SLO"
+    out = (f"SLO not met at the lowest rate simulated, {human(low['request_rate'])} req/s: "
+           f"{misses}")
+    if any(len(s.history) >= s.max_evals for s in c.searches.values()):
+        out += f" (the search stopped at max_evals {spec.tolerance.max_evals})"
+    return out
 
 
 def _replicas(n: int) -> str:
