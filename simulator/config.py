@@ -379,8 +379,10 @@ def validate_tree(tree: dict, source: str) -> ExperimentConfig:
         # a value that fits one branch of a union in type but not in range: say what is wrong
         # with it there, not that it is not of the other branches' types
         key = _error_path(errors[0])
-        first = next((x for x in errors if (_error_path(x) + ".").startswith(key + ".")
-                      and not x["type"].endswith(("_type", "_parsing"))), errors[0])
+        first = next((x for x in errors if x["type"] == "extra_forbidden"), None) or next(
+            (x for x in errors if (_error_path(x) + ".").startswith(key + ".")
+             and not x["type"].endswith(("_type", "_parsing"))), errors[0])
+        # (an unknown key first: a misspelt key also leaves the field it meant missing)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise ConfigError(f"{source}: {one_line(_describe_error(first), 400)}{more}") from None
 

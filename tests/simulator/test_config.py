@@ -40,6 +40,9 @@ def test_switching_workload_kind_by_override(tmp_path):
     ("workload.request_rate=0", "workload.request_rate"),
     ("nonsense", "expected section.key=value"),
     ("model.dtype=float32", "model.dtype: float32 weights and activations"),
+    # a misspelt key inside a section with required fields: the unknown key is named, not
+    # the field it left missing
+    ("cache.kv_offload={bogus: 1}", "cache.kv_offload.bogus: unknown key"),
 ])
 def test_invalid_values_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:
