@@ -279,6 +279,8 @@ class Frontend:
                  admit, client_finish, recorder=None, stream_interval: int = 1):
         self.env = env
         self.stream_interval = int(stream_interval)
+        if self.stream_interval > 1:  # (chosen once: on_step runs every step)
+            self.on_step = self._on_step_stream
         # ``itl_hook(req, gap)``: each client-side inter-token gap of a request (per-request
         # ITLs for output.save_detailed; the exact loop only: no decode group)
         self.itl_hook = None
@@ -454,9 +456,6 @@ class Frontend:
         n_tok = out.num_new_tokens
         if not n_tok:
             return
-        if self.stream_interval > 1:
-            self._on_step_chunks(out, now, itl_explicit, engine_itl)
-            return
         p = self.p
         arrive = now + p.ipc_s
         n = self.n
@@ -532,6 +531,12 @@ class Frontend:
                     if hook is not None:
                         hook(req, itl_explicit[k + j])
         ring.append((now, delays))
+
+    def _on_step_stream(self, replica_id: int, out, now: float, itl_explicit: list,
+                        itl_weighted: list, engine_itl: list) -> None:
+        """:meth:`on_step` under ``stream_interval`` > 1."""
+        if out.num_new_tokens:
+            self._on_step_chunks(out, now, itl_explicit, engine_itl)
 
     def _on_step_chunks(self, out, now: float, itl_explicit: list, engine_itl: list) -> None:
         """:meth:`on_step` with ``stream_interval`` N > 1 (exact loop: no decode group). A
