@@ -45,6 +45,37 @@ def make_batch(batch_size: int, context: int, prefill_tokens: int = 0,
     )
 
 
+def check_shape(cfg, plan, batch_size: int, context: int, prefill_tokens: int = 0,
+                prefill_context: int = 0) -> str | None:
+    """Refuse (ConfigError) a step vLLM could never schedule: more sequences than
+    ``scheduler.max_num_seqs``, a row longer than ``model.max_model_len``. Returns a warning
+    when the rows need more KV-cache blocks than ``plan`` (the memory plan) has (vLLM would
+    preempt some of them first), else None."""
+    from servesim.simulator.errors import ConfigError
+
+    seqs = batch_size + (1 if prefill_tokens else 0)
+    max_seqs = cfg.scheduler.max_num_seqs
+    if max_seqs is not None and seqs > max_seqs:
+        what = "--batch-size + the prefill" if prefill_tokens else "--batch-size"
+        raise ConfigError(f"estimate: {seqs} sequences ({what}) exceed scheduler.max_num_seqs "
+                          f"({max_seqs}); vLLM never schedules more in one step")
+    mml = plan.max_model_len
+    if batch_size and context > mml:
+        raise ConfigError(f"estimate: --context {context} is longer than model.max_model_len "
+                          f"({mml})")
+    if prefill_tokens and prefill_context + prefill_tokens > mml:
+        raise ConfigError(f"estimate: --prefill-context + --prefill-tokens "
+                          f"({prefill_context + prefill_tokens}) is longer than "
+                          f"model.max_model_len ({mml})")
+    bs = plan.block_size
+    blocks = batch_size * -(-context // bs) + (-(-(prefill_context + prefill_tokens) // bs)
+                                               if prefill_tokens else 0)
+    if blocks > plan.num_gpu_blocks:
+        return (f"estimate: the batch needs {blocks:,} KV-cache blocks, more than the "
+                f"{plan.num_gpu_blocks:,} the cache holds (vLLM would preempt requests first)")
+    return None
+
+
 def _load(config: Path, overrides: list[str]):
     from servesim.simulator.config import load_config
 
@@ -72,8 +103,9 @@ def estimate(
     import json
     import warnings
 
+    from servesim.costmodels import plan_memory
     from servesim.costmodels.step import build_cost_model
-    from servesim.simulator.errors import ConfigError
+    from servesim.simulator.errors import ConfigError, in_file
 
     if batch_size == 0 and prefill_tokens == 0:
         raise ConfigError("estimate: give --batch-size > 0 or --prefill-tokens > 0")
@@ -81,8 +113,13 @@ def estimate(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = build_cost_model(cfg)
+        with in_file(config):  # CapacityError when the model does not fit, as in validate
+            plan = plan_memory(cfg)
     for w in caught:  # one line each on stderr
         typer.echo(f"warning: {w.message}", err=True)
+    kv_warning = check_shape(cfg, plan, batch_size, context, prefill_tokens, prefill_context)
+    if kv_warning:
+        typer.echo(f"warning: {kv_warning}", err=True)
     sc = getattr(cfg, "speculative_config", None)  # decode rows verify k drafts each
     k = sc.num_speculative_tokens if sc is not None else 0
     batch = make_batch(batch_size, context, prefill_tokens, prefill_context, k)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -70,6 +71,8 @@ def parse_bytes(v: Any) -> int:
         raise ValueError(  # noqa: TRY004 (pydantic wants ValueError)
             "expected a byte count such as 8589934592, '8G' or '8GiB'")
     if isinstance(v, (int, float)):
+        if not math.isfinite(v):
+            raise ValueError("expected a finite byte count")
         if v < 0:
             raise ValueError("must be >= 0")
         return int(v)
@@ -78,8 +81,11 @@ def parse_bytes(v: Any) -> int:
         return x
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(v))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a byte count such as 8589934592, '8G' or '8GiB', got {v!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise ValueError("expected a byte count such as 8589934592, '8G' or '8GiB'")
+    x = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(x):
+        raise ValueError("expected a finite byte count")
+    return int(x)
 
 
 # a byte-count field: bytes, vLLM's '16G' / '16g', or '16GiB' / '16 GB'
@@ -149,23 +155,37 @@ class ModelConfig(_Section):
     _auto_fit_from: int | None = PrivateAttr(None)
 
 
+# Upper bounds on hardware spec numbers, far above any real GPU (the largest today: ~290 GiB,
+# ~10 PFLOP/s dense FP8, ~8 TB/s): device memory in GiB, and every other spec field (TFLOP/s,
+# GB/s, MiB, SMs, microseconds).
+MAX_MEMORY_GIB = 10_000
+MAX_HARDWARE_VALUE = 1_000_000
+
+
 class HardwareConfig(_Section):
     """``hardware``: a GPU from configs/hardware/ by ``name``, optionally with spec fields
     overridden inline (or a fully inline spec when ``name`` is not a shipped file)."""
 
     name: str = "a100-sxm4-80gb"
-    bf16_tflops: float | None = Field(None, gt=0, description="Dense BF16/FP16 tensor TFLOP/s")
-    fp8_tflops: float | None = Field(None, gt=0, description="Dense FP8 tensor TFLOP/s")
-    int8_tops: float | None = Field(None, gt=0, description="Dense INT8 tensor TOP/s")
-    memory_gib: float | None = Field(None, gt=0, description="Device memory, GiB")
-    mem_bw_gbps: float | None = Field(None, gt=0, description="HBM bandwidth, GB/s")
-    l2_mib: float | None = Field(None, gt=0)
-    num_sms: int | None = Field(None, gt=0)
+    # spec fields: finite, positive, and below MAX_HARDWARE_VALUE (memory_gib: MAX_MEMORY_GIB)
+    bf16_tflops: float | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False,
+                                      description="Dense BF16/FP16 tensor TFLOP/s")
+    fp8_tflops: float | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False,
+                                     description="Dense FP8 tensor TFLOP/s")
+    int8_tops: float | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False,
+                                    description="Dense INT8 tensor TOP/s")
+    memory_gib: float | None = Field(None, gt=0, le=MAX_MEMORY_GIB, allow_inf_nan=False,
+                                     description="Device memory, GiB")
+    mem_bw_gbps: float | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False,
+                                      description="HBM bandwidth, GB/s")
+    l2_mib: float | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False)
+    num_sms: int | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE)
     link_bw_gbps: float | None = Field(
-        None, gt=0, description="Intra-node GPU-GPU bandwidth per direction, GB/s"
+        None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False,
+        description="Intra-node GPU-GPU bandwidth per direction, GB/s"
     )
-    link_latency_us: float | None = Field(None, ge=0)
-    pcie_bw_gbps: float | None = Field(None, gt=0)
+    link_latency_us: float | None = Field(None, ge=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False)
+    pcie_bw_gbps: float | None = Field(None, gt=0, le=MAX_HARDWARE_VALUE, allow_inf_nan=False)
     calibration: str | None = Field(
         "auto",
         description='"auto": per op family, your measured <calibration dir>/<name>.yaml, else '

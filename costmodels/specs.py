@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from servesim.costmodels.config import HardwareConfig, ModelConfig
+from servesim.costmodels.config import (
+    MAX_HARDWARE_VALUE,
+    MAX_MEMORY_GIB,
+    HardwareConfig,
+    ModelConfig,
+)
 from servesim.simulator.errors import ConfigError, path_is_dir, path_is_file
 
 GIB = 1 << 30
@@ -181,10 +186,13 @@ def load_hardware_spec(hw_cfg: HardwareConfig) -> HardwareSpec:
             kw[k] = v
     for k in _HW_FIELDS:
         v = kw.get(k)
-        if v is not None and (not isinstance(v, (int, float)) or v < 0 or
-                              (v == 0 and k not in ("link_latency_us",))):
+        limit = MAX_MEMORY_GIB if k == "memory_gib" else MAX_HARDWARE_VALUE
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v) or v < 0 or v > limit
+                              or (v == 0 and k not in ("link_latency_us",))):
             where = file or "hardware"
-            raise ConfigError(f"{where}: hardware.{k} must be a positive number, got {v!r}")
+            raise ConfigError(f"{where}: hardware.{k} must be a positive finite number of at "
+                              f"most {limit:,}, got {v!r}")
     if "num_sms" in kw:
         kw["num_sms"] = int(kw["num_sms"])
     cc = merged.get("compute_capability")
@@ -304,7 +312,16 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         """Decoder layers with a routed-expert MLP (DeepSeek: after ``first_k_dense_replace``,
         every ``moe_layer_freq``-th)."""
-        return sum(1 for i in range(self.num_hidden_layers) if self.is_moe_layer(i))
+        return self.moe_layers_in(0, self.num_hidden_layers)
+
+    def moe_layers_in(self, start: int, end: int) -> int:
+        """How many of decoder layers ``start`` … ``end - 1`` have the routed-expert MLP
+        (:meth:`is_moe_layer`), counted without a loop over the layers."""
+        if not self.is_moe:
+            return 0
+        f = max(1, self.moe_layer_freq)
+        first = -(-max(start, self.first_k_dense_replace) // f)  # first multiple of f, / f
+        return max(0, (end - 1) // f - first + 1) if end > start else 0
 
     @property
     def num_dense_layers(self) -> int:
@@ -498,6 +515,21 @@ def derive_max_len(d: dict, source: str = "config.json") -> MaxLen:
 
 _REQUIRED_MODEL_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 
+# Upper bounds on config.json counts and sizes: far above any real model (the largest today
+# have ~130 layers, 128 heads, hidden sizes ~20k, 384 experts, vocabularies ~260k), so a
+# typo or a garbage file is refused at once instead of being modelled (or looped over) as is.
+MODEL_LIMITS = {
+    "num_hidden_layers": 10_000,
+    "num_attention_heads": 10_000, "num_key_value_heads": 10_000,
+    "hidden_size": 1_000_000, "intermediate_size": 10_000_000, "head_dim": 100_000,
+    "moe_intermediate_size": 10_000_000, "shared_expert_intermediate_size": 10_000_000,
+    "num_local_experts": 100_000, "n_routed_experts": 100_000, "num_experts": 100_000,
+    "num_experts_per_tok": 100_000, "n_shared_experts": 100_000,
+    "vocab_size": 100_000_000,
+    "q_lora_rank": 1_000_000, "kv_lora_rank": 1_000_000, "qk_nope_head_dim": 100_000,
+    "qk_rope_head_dim": 100_000, "v_head_dim": 100_000,
+}
+
 
 def model_spec_from_hf(cfg: dict, name: str, source: str) -> ModelSpec:
     """Build a :class:`ModelSpec` from HF ``config.json`` fields (``text_config`` merged up)."""
@@ -513,17 +545,28 @@ def model_spec_from_hf(cfg: dict, name: str, source: str) -> ModelSpec:
         v = d.get(key, default)
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or v < 0 or v != int(v)):
             raise ConfigError(f"{source}: {key} must be a non-negative integer, got {v!r}")
+        limit = MODEL_LIMITS.get(key)
+        if limit is not None and v > limit:
+            raise ConfigError(f"{source}: {key} must be at most {limit:,} (no real model comes "
+                              f"close), got {v!r}")
         return int(v)
 
     h = as_int("hidden_size")
     nh = as_int("num_attention_heads")
-    if not h or not nh:
-        raise ConfigError(f"{source}: hidden_size and num_attention_heads must be positive")
-    nkv = as_int("num_key_value_heads", nh) or nh
-    hd = as_int("head_dim") or h // nh
     L = as_int("num_hidden_layers")
+    for key, v in (("hidden_size", h), ("num_attention_heads", nh), ("num_hidden_layers", L)):
+        if not v:
+            raise ConfigError(f"{source}: {key} must be positive, got 0")
+    nkv = as_int("num_key_value_heads", nh)
+    if not nkv:
+        raise ConfigError(f"{source}: num_key_value_heads must be positive, got 0")
+    if nh % nkv:
+        raise ConfigError(f"{source}: num_attention_heads ({nh}) must be divisible by "
+                          f"num_key_value_heads ({nkv}) (vLLM refuses this model)")
+    hd = as_int("head_dim") or h // nh
     inter = as_int("intermediate_size", 4 * h)
     E = as_int("num_local_experts") or as_int("n_routed_experts") or as_int("num_experts") or 0
     topk = as_int("num_experts_per_tok", 0) or (2 if E else 0)
@@ -544,6 +587,10 @@ def model_spec_from_hf(cfg: dict, name: str, source: str) -> ModelSpec:
     kv_lora = as_int("kv_lora_rank", 0) or 0
     rope_dim = as_int("qk_rope_head_dim", 0) or 0
     partial = d.get("partial_rotary_factor", 1.0) or 1.0
+    if (isinstance(partial, bool) or not isinstance(partial, (int, float))
+            or not 0 < partial <= 1):
+        raise ConfigError(f"{source}: partial_rotary_factor must be a number in (0, 1], "
+                          f"got {partial!r}")
     rotary_dim = rope_dim if kv_lora else int(hd * partial)
     max_pos = as_int("max_position_embeddings", 2048)
     return ModelSpec(

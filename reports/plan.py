@@ -127,9 +127,10 @@ def plan_summary(plan: dict) -> str:
                     key=lambda r: r["rank"])
     if others:
         r2 = others[0]
+        more = (f" (+{100 * (r2['usd_per_hour'] / rec['usd_per_hour'] - 1):.0f}%)"
+                if rec["usd_per_hour"] > 0 else "")
         s += (f"Runner-up: {int(r2['replicas'])} × {_cand_text(r2)} at "
-              f"{_usd(r2['usd_per_hour'])}/h "
-              f"(+{100 * (r2['usd_per_hour'] / rec['usd_per_hour'] - 1):.0f}%). ")
+              f"{_usd(r2['usd_per_hour'])}/h{more}. ")
     s += f"{n_fit} of {len(rows)} candidates fit"
     if skipped:
         s += "; not fitting: " + "; ".join(f"{r['candidate']} ({_short_reason(r['reason'])})"
@@ -157,30 +158,101 @@ def _cand_text(r: dict) -> str:
     return s + (f" ({', '.join(extras)})" if extras else "") + " replicas"
 
 
+# top-level plan.json keys the report reads, with their JSON types
+_PLAN_TYPES = {"name": str, "slo": dict, "slo_text": str, "candidates": list, "points": list,
+               "prices": dict, "tolerance": dict, "notes": list}
+_PLAN_NUMBERS = ("target_request_rate", "knee_warn", "wall_seconds")
+# candidate keys read as numbers; those the answer paragraph needs of the recommended one
+_CAND_NUMBERS = ("rank", "capacity_rps", "ci_low", "ci_high", "replicas", "gpus",
+                 "usd_per_hour", "usd_per_1m_output_tokens", "utilization_of_knee",
+                 "slo_margin_pct", "operating_rps_per_replica", "tensor_parallel_size",
+                 "pipeline_parallel_size", "gpus_per_replica", "op_slo_p_ttft_ms",
+                 "op_slo_p_tpot_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user")
+_RECOMMENDED_NEEDS = ("replicas", "gpus", "usd_per_hour", "usd_per_1m_output_tokens",
+                      "capacity_rps", "ci_low", "ci_high", "operating_rps_per_replica",
+                      "utilization_of_knee")
+
+
+def check_plan(plan: dict, where: Path) -> dict:
+    """``plan`` (from ``where``: plan.json, or plan.csv's rows) with the parts the report
+    reads checked: ServesimError naming the file and the key otherwise."""
+    from servesim.reports.render import check_numbers, number_keys
+    from servesim.simulator.errors import ServesimError, short_repr
+
+    if "candidates" not in plan:
+        raise ServesimError(f"{where}: no candidates key (is this a plan.json of simulate "
+                            "plan?)")
+    for k, t in _PLAN_TYPES.items():
+        if plan.get(k) is not None and not isinstance(plan[k], t):
+            raise ServesimError(f"{where}: {k}: expected a JSON {_JSON_NAME[t]}, got "
+                                f"{short_repr(plan[k])}")
+    check_numbers(plan, _PLAN_NUMBERS, where)
+    check_numbers(plan.get("slo") or {}, ("percentile",), f"{where}: slo")
+    for k, default in (("slo_text", "the SLO"), ("target_request_rate", math.nan), ("slo", {})):
+        if plan.get(k) is None:
+            plan[k] = default
+    cands = plan["candidates"]
+    if not cands:
+        raise ServesimError(f"{where}: no candidates (an empty plan)")
+    for i, r in enumerate(cands):
+        if not isinstance(r, dict) or "candidate" not in r:
+            raise ServesimError(f"{where}: candidates[{i}]: expected an object with a "
+                                f"candidate name, got {short_repr(r)}")
+        check_numbers(r, _CAND_NUMBERS, f"{where}: candidates[{i}]")
+        needs = list(_RECOMMENDED_NEEDS) if r.get("recommended") else []
+        if r.get("recommended") or _num(r, "rank") >= 2:  # (named in the answer paragraph)
+            needs += ["replicas", "usd_per_hour"]
+            if not (isinstance(r.get("cluster"), str) and r.get("cluster")):
+                needs += ["hardware", "tensor_parallel_size"]
+        for k in needs:
+            if r.get(k) is None or (k != "hardware" and not math.isfinite(_num(r, k))):
+                raise ServesimError(f"{where}: candidates[{i}] ({r['candidate']}): {k}: "
+                                    "missing (the plan's answer names this candidate)")
+    for i, pt in enumerate(plan.get("points") or []):
+        if not isinstance(pt, dict):
+            raise ServesimError(f"{where}: points[{i}]: expected an object, got "
+                                f"{short_repr(pt)}")
+        check_numbers(pt, number_keys(pt), f"{where}: points[{i}]", allow_inf_text=True)
+    for k, v in (plan.get("prices") or {}).items():
+        if not isinstance(v, dict):
+            raise ServesimError(f"{where}: prices.{k}: expected an object, got {short_repr(v)}")
+    return plan
+
+
+_JSON_NAME = {str: "string", dict: "object", list: "array"}
+
+
 def plan_report(d: Path):
     """The report of a plan folder (``plan.json``, or only ``plan.csv``)."""
     from servesim.reports import figures as F
-    from servesim.reports.render import Report, Section, Table, load_json
+    from servesim.reports.render import Report, Section, Table, load_json, read_csv
+    from servesim.simulator.errors import ServesimError
 
     if (d / "plan.json").is_file():
-        plan = load_json(d / "plan.json")
+        plan = check_plan(load_json(d / "plan.json"), d / "plan.json")
     else:  # only plan.csv: rebuild a minimal plan dict
-        df = pd.read_csv(d / "plan.csv")
+        df = read_csv(d / "plan.csv")
+        if "candidate" not in df or "fits" not in df:
+            raise ServesimError(f"{d / 'plan.csv'}: no plan columns (candidate, fits, ...); "
+                                f"got {', '.join(map(str, df.columns))}")
         plan = {"candidates": df.to_dict("records"), "target_request_rate": float("nan"),
                 "slo": {}, "slo_text": "the SLO", "points": [], "name": d.name}
+        check_plan(plan, d / "plan.csv")
     cand = pd.DataFrame(plan["candidates"])
-    pts = pd.DataFrame(plan.get("points", []))
-    slo = {k: v for k, v in plan.get("slo", {}).items() if k.endswith("_ms") and v}
+    pts = pd.DataFrame(plan.get("points") or [])
+    slo = {k: v for k, v in (plan.get("slo") or {}).items()
+           if str(k).endswith("_ms") and isinstance(v, (int, float)) and v}
     knees = {r["candidate"]: r.get("capacity_rps") for r in plan["candidates"]
              if r.get("fits")}
     table = Table(pd.DataFrame(plan_rows(plan)),
-                  f"Target {human(plan['target_request_rate'])} req/s; SLO "
-                  f"{plan['slo_text']}; seeds {plan.get('seeds')}. {PLAN_TABLE_CAPTION}.")
+                  f"Target {human(_num(plan, 'target_request_rate'))} req/s; SLO "
+                  f"{plan.get('slo_text') or 'the SLO'}; seeds {plan.get('seeds')}. "
+                  f"{PLAN_TABLE_CAPTION}.")
     secs = [Section("Candidates ranked by cost", [table])]
     if plan.get("prices"):
         used = {r.get("hardware") for r in plan["candidates"]}
         secs[0].items.append("Prices ($/GPU-hour, editable in configs/prices.yaml): " + "; ".join(
-            f"{k} {_usd(v['usd_per_gpu_hour'])} ({v['source']}, {v['as_of']})"
+            f"{k} {_usd(_num(v, 'usd_per_gpu_hour'))} ({v.get('source')}, {v.get('as_of')})"
             for k, v in plan["prices"].items() if k in used) + ".")
     fit = cand[cand["fits"].astype(bool)] if "fits" in cand else cand
     if "usd_per_1m_output_tokens" in cand:
@@ -197,7 +269,7 @@ def plan_report(d: Path):
                             [F.throughput_vs_rate(search, "candidate", knees)]))
     if "tokens_per_s_per_gpu" in cand:
         secs.append(Section("Pareto frontier", [F.pareto_front(fit, "candidate")]))
-    tol = 100 * plan.get("tolerance", {}).get("rel_width", 0.05)
+    tol = 100 * _num(plan.get("tolerance") or {"rel_width": 0.05}, "rel_width")
     meta = (f"Search: bracketing by doubling from an analytic first guess, then bisection "
             f"until the bracket is within {tol:g}% per seed; capacity = mean of per-seed "
             f"capacities, 95% Student-t CI; replicas = ceil(target / capacity), plus one at a "
@@ -207,7 +279,7 @@ def plan_report(d: Path):
         meta += f" in {plan['wall_seconds']:.0f} s wall time ({plan.get('jobs')} jobs)"
     items: list = [meta + "."]
     if plan.get("notes"):
-        items.append("Simulator notes: " + " | ".join(plan["notes"]))
+        items.append("Simulator notes: " + " | ".join(map(str, plan["notes"])))
     secs.append(Section("Method", items))
     return Report(f"servesim capacity plan: {plan.get('name', d.name)}", plan_summary(plan),
                   secs)

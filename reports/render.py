@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from servesim.reports.numbers import human
-from servesim.simulator.errors import ServesimError
+from servesim.simulator.errors import ServesimError, one_line, short_repr
 
 # ---------------------------------------------------------------------------------------------
 # Report model + writers
@@ -184,15 +184,40 @@ def build_report(d: str | Path) -> Report:
 
 
 def write_report(d: str | Path) -> tuple[Path, Path]:
-    """Write ``report.md`` (+ ``fig_*.png``) and ``report.html`` into ``d``."""
+    """Write ``report.md`` (+ ``fig_*.png``) and ``report.html`` into ``d``.
+
+    Every output path is checked before anything is written (ServesimError naming the first
+    that cannot be: a directory in the way, a read-only folder), and report.md and
+    report.html are both written to temp files before either replaces the old one, so a
+    failing report leaves the previous pair as it was."""
+    import os
+    import tempfile
+
     d = Path(d)
     rep = build_report(d)
-    from servesim.reports.writers import atomic_write_text
-
-    md = d / "report.md"
-    atomic_write_text(md, to_markdown(rep, d))
-    hp = d / "report.html"
-    atomic_write_text(hp, to_html(rep))
+    md, hp = d / "report.md", d / "report.html"
+    for p in (md, hp, *(d / f"fig_{f.name}.png" for f in rep.figures)):
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            raise ServesimError(f"{p}: is a directory (or not a regular file); cannot write "
+                                "the report there")
+    if not os.access(d, os.W_OK):
+        raise ServesimError(f"{d}: folder is not writable; cannot write the report there")
+    temps: list[str] = []
+    try:
+        for text in (to_markdown(rep, d), to_html(rep)):  # (markdown writes the figures)
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".report.", suffix=".tmp")
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        for tmp, p in zip(temps, (md, hp)):
+            os.replace(tmp, p)
+    except OSError as e:
+        raise ServesimError(f"{d}: cannot write the report ({one_line(e)})") from None
+    finally:
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return md, hp
 
 
@@ -201,11 +226,41 @@ def write_report(d: str | Path) -> tuple[Path, Path]:
 
 
 def load_json(p: Path) -> dict:
-    """A results JSON file (ServesimError naming the file when it cannot be read)."""
+    """A results JSON object (ServesimError naming the file when it cannot be read or is not
+    an object)."""
     try:
-        return json.loads(p.read_text())
+        data = json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        raise ServesimError(f"{p}: cannot read JSON ({e})") from None
+        raise ServesimError(f"{p}: cannot read JSON ({one_line(e)})") from None
+    if not isinstance(data, dict):
+        raise ServesimError(f"{p}: expected a JSON object at the top level, got "
+                            f"{type(data).__name__}")
+    return data
+
+
+def read_csv(p: Path, **kw) -> pd.DataFrame:
+    """A results CSV file (ServesimError naming the file when it cannot be parsed)."""
+    try:
+        return pd.read_csv(p, **kw)
+    except pd.errors.EmptyDataError:
+        raise ServesimError(f"{p}: empty CSV file (no header row)") from None
+    except (OSError, ValueError) as e:  # ParserError and UnicodeDecodeError are ValueErrors
+        raise ServesimError(f"{p}: cannot read CSV ({one_line(e)})") from None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_))
+
+
+def check_numbers(values: dict, keys, where: Path | str, allow_inf_text: bool = False) -> None:
+    """ServesimError naming ``where`` and the key when one of ``keys`` in ``values`` is set
+    but is not a number (``allow_inf_text``: vLLM's ``"inf"`` request rate is one)."""
+    for k in keys:
+        v = values.get(k)
+        if v is None or _is_number(v) or (allow_inf_text and v == "inf"):
+            continue
+        raise ServesimError(f"{where}: {k}: expected a number, got {short_repr(v)}")
 
 
 def _slo_of_run(d: Path, result: dict) -> dict:
@@ -216,9 +271,17 @@ def _slo_of_run(d: Path, result: dict) -> dict:
 
         try:
             tree = yaml.safe_load(cfgp.read_text()) or {}
-            slo = {k: v for k, v in (tree.get("slo") or {}).items() if v is not None}
-        except yaml.YAMLError:
-            pass
+        except (yaml.YAMLError, OSError, ValueError):  # unreadable: a report without SLOs
+            tree = {}
+        if not isinstance(tree, dict):
+            raise ServesimError(f"{cfgp}: expected a mapping of config sections at the top "
+                                f"level, got {type(tree).__name__}")
+        sec = tree.get("slo") or {}
+        if not isinstance(sec, dict):
+            raise ServesimError(f"{cfgp}: slo: expected a mapping such as {{ttft_ms: 2000}}, "
+                                f"got {short_repr(sec)}")
+        slo = {k: v for k, v in sec.items() if v is not None}
+        check_numbers(slo, list(slo), f"{cfgp}: slo")
     for k in ("ttft", "tpot", "e2el"):  # extras some writers add
         v = result.get(f"slo_{k}_ms")
         if v is not None:
@@ -240,15 +303,20 @@ def run_report(d: Path) -> Report:
     from servesim.reports import figures as F
 
     res = load_json(d / "result.json")
-    req = pd.read_csv(d / "requests.csv")
-    ts = pd.read_csv(d / "timeseries.csv") if (d / "timeseries.csv").is_file() else pd.DataFrame()
+    check_numbers(res, _RUN_NUMBER_KEYS, d / "result.json")
+    if not isinstance(res.get("cluster_instances") or [], list) or not all(
+            isinstance(i, dict) for i in res.get("cluster_instances") or []):
+        raise ServesimError(f"{d / 'result.json'}: cluster_instances: expected a list of "
+                            f"objects, got {short_repr(res['cluster_instances'])}")
+    req = read_csv(d / "requests.csv")
+    ts = read_csv(d / "timeseries.csv") if (d / "timeseries.csv").is_file() else pd.DataFrame()
     slo = _slo_of_run(d, res)
 
     comp = res.get("completed", int((req.get("finished_reason") == "stop").sum())
                    if "finished_reason" in req else len(req))
     failed = res.get("failed", 0)
-    preempt = (int(req["num_preemptions"].sum()) if "num_preemptions" in req
-               else res.get("num_preemptions", 0))
+    preempt = (int(pd.to_numeric(req["num_preemptions"], errors="coerce").fillna(0).sum())
+               if "num_preemptions" in req else res.get("num_preemptions", 0))
     lat = []
     verdicts = []
     for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL")):
@@ -261,12 +329,14 @@ def run_report(d: Path) -> Report:
             continue
         s = f"{label} P50 {_fmt(p50, ' ms')} / P99 {_fmt(p99, ' ms')}"
         thr = slo.get(f"{key}_ms")
-        if thr:
+        if thr and not math.isfinite(float(p99)):
+            s += f" (SLO {thr:g} ms: no data)"
+        elif thr:
             ok = float(p99) <= thr
             s += f" (SLO {thr:g} ms: {'met' if ok else 'MISSED'})"
             verdicts.append(ok)
         lat.append(s)
-    kvmax = (ts["vllm:kv_cache_usage_perc"].max() * 100
+    kvmax = (pd.to_numeric(ts["vllm:kv_cache_usage_perc"], errors="coerce").max() * 100
              if "vllm:kv_cache_usage_perc" in ts and len(ts) else math.nan)
     summary = (
         f"**{_fmt(comp)} requests completed ({_fmt(failed)} failed) in "
@@ -299,6 +369,13 @@ def run_report(d: Path) -> Report:
         secs.append(Section("Engine steps", [F.step_timeline(ts)]))
     title = f"servesim run report: {res.get('model_id', d.name)}"
     return Report(title, summary, secs)
+
+
+# result.json keys the run report reads as numbers
+_RUN_NUMBER_KEYS = ("completed", "failed", "num_preemptions", "duration", "request_throughput",
+                    "request_goodput", "output_throughput", "total_token_throughput",
+                    *(f"{s}_{k}_ms" for s in ("median", "p99") for k in ("ttft", "tpot", "e2el")),
+                    *(f"slo_{k}_ms" for k in ("ttft", "tpot", "e2el")))
 
 
 def _cluster_section(res: dict, ts: pd.DataFrame) -> Section:
@@ -344,7 +421,10 @@ def load_sweep_points(d: Path) -> pd.DataFrame:
         d.glob("*/summary.csv"))
     frames = []
     for sp in summaries:
-        f = pd.read_csv(sp)
+        f = read_csv(sp)
+        for c in f.columns:
+            if _sweep_number_key(c):
+                f[c] = _numeric_column(f[c], sp)
         if "arm" not in f:
             f["arm"] = f.get("label", "all")
         f["run"] = f["seed"] if "seed" in f else f.get("run_number", 0)
@@ -358,6 +438,7 @@ def load_sweep_points(d: Path) -> pd.DataFrame:
             m = _RUN_RE.search(p.name)
             j = load_json(p)
             flat = {k: v for k, v in j.items() if not isinstance(v, (list, dict))}
+            check_numbers(j, number_keys(j), p, allow_inf_text=True)
             parent = p.parent.name
             arm = str(j.get("arm", parent))
             if "arm" not in j and parent.startswith("SERVE-"):
@@ -372,6 +453,40 @@ def load_sweep_points(d: Path) -> pd.DataFrame:
     if len(df) and df["experiment"].nunique() > 1:  # several experiments: keep arms apart
         df["arm"] = df["experiment"].astype(str) + "/" + df["arm"].astype(str)
     return df
+
+
+def _sweep_number_key(k: object) -> bool:
+    """Whether a sweep point's key (a vLLM bench result key) holds a number."""
+    return str(k) in _SWEEP_NUMBER_KEYS or str(k).endswith(("_ms", "_throughput", "_goodput"))
+
+
+_SWEEP_NUMBER_KEYS = {"request_rate", "max_concurrency", "max_concurrent_requests",
+                      "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                      "num_gpus", "duration", "completed", "failed", "run_number", "seed",
+                      "request_throughput", "output_throughput", "total_token_throughput",
+                      "request_goodput",
+                      *(f"{s}_{m}_ms" for s in ("mean", "median", "p50", "p90", "p95", "p99")
+                        for m in ("ttft", "tpot", "itl", "e2el"))}
+
+
+def number_keys(point: dict) -> list:
+    """The keys of a bench result ``point`` that must hold numbers: the known ones, and the
+    scalar ``*_ms`` / ``*_throughput`` / ``*_goodput`` ones (a ``*_ms`` object such as
+    ``ttft_breakdown_ms`` is a breakdown, not a number)."""
+    return [k for k in point if str(k) in _SWEEP_NUMBER_KEYS or (
+        _sweep_number_key(k) and not isinstance(point[k], (list, dict)))]
+
+
+def _numeric_column(col: pd.Series, where: Path) -> pd.Series:
+    """``col`` as numbers (vLLM's ``inf`` request rate included); ServesimError naming the file,
+    the column and the row of the first cell that is not a number."""
+    num = pd.to_numeric(col.replace("inf", np.inf), errors="coerce")
+    bad = num.isna() & col.notna()
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise ServesimError(f"{where}: column {col.name}, line {i + 2}: expected a number, got "
+                            f"{short_repr(col.iloc[i])}")
+    return num
 
 
 def _sweep_baseline(d: Path) -> str | None:
