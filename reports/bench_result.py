@@ -10,7 +10,9 @@ Key set, order and units follow vLLM's ``vllm/benchmarks/serve.py`` (reference:
 - ITL = the pooled inter-token gaps of the run (``itl_values`` × ``itl_counts``), pooled per
   step, not per request: unlike vLLM's (successful requests only) they include the gaps of
   requests that failed later (client timeouts) and of warm-up requests (stages with
-  ``warmup: true`` are left out: their gaps are pooled per stage).
+  ``warmup: true`` are left out: their gaps are pooled per stage). With ``save_detailed``
+  each request's gaps are recorded (``request_itls``), and ITL and ``max_output_tokens_per_s``
+  are vLLM's exactly: the successful requests' gaps, and their chunk times.
 - mean / median / std (population) / ``np.percentile`` (linear) in **ms**; empty → 0 like
   vLLM's ``np.mean(x or 0)``.
 - goodput = requests meeting every configured SLO (``metric <= slo``) / duration.
@@ -52,7 +54,8 @@ servesim file sees what the default ``vllm bench serve`` writes):
   ``ttfts`` for requests that failed before their first token (vLLM's defaults), ``generated_texts`` are ``""`` (no text is simulated), ``itls``
   per request are the client-side gaps the run recorded for each request
   (``result.request_itls``: single-engine runs record them with ``save_detailed``, which takes
-  the exact per-request loop), else ``null`` (cluster runs).
+  the exact per-request loop), else ``null`` (runs on the cluster engine: ``cluster:`` or
+  ``cache.kv_offload``).
 
 Speculative decoding: vLLM's ``spec_decode_*`` keys (:data:`SPEC_DECODE_KEYS`) after ``rtfx``
 as ``vllm bench serve`` writes them from the server's counters (acceptance rate in %,
@@ -244,6 +247,24 @@ def compute_bench_result(result: RunResult, *, date: str | None = None) -> dict:
     return bench
 
 
+def _from_request_itls(itls: list, starts: np.ndarray, t0: float) -> tuple[np.ndarray, float]:
+    """(ITL pool, ``max_output_tokens_per_s``) from each request's client-side gaps, as
+    ``calculate_metrics`` has them: the gaps of the successful requests (``starts``: each
+    one's first-chunk time, NaN for the others), and the peak 1-s bucket (from ``t0``, the
+    first send of a successful request) of their chunk times: first chunk, then one per gap."""
+    pool, times = [], []
+    for gaps, s in zip(itls, starts.tolist()):
+        if not math.isnan(s):  # (NaN: not successful)
+            g = np.asarray(gaps, dtype=float)
+            g = g[np.isfinite(g)]
+            pool.append(g)
+            times.append(s + np.concatenate(([0.0], np.cumsum(g))))
+    if not pool:
+        return np.zeros(0), 0.0
+    b = np.floor(np.concatenate(times) - t0).astype(np.int64)
+    return np.concatenate(pool), float(np.unique(b, return_counts=True)[1].max())
+
+
 def _bench(result: RunResult, *, date: str | None = None) -> dict:
     """The ``vllm bench serve --save-result`` dict of a run, plus servesim's extras.
 
@@ -279,10 +300,14 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     t0 = math.inf
     lists: dict[str, list] = {k: [] for k in (*_DETAILED, *_ALWAYS)}
     sends, finishes, firsts = [], [], []
+    req_itls = getattr(result, "request_itls", None)
+    chunk_starts = []  # per completed request: its first chunk's client time (request_itls)
     reasons_count: dict[str, int] = {}
     for req in result.iter_requests():
         w = _Window(req)
         done = w.done
+        if req_itls is not None:
+            chunk_starts.append(np.where(done, w.send + w.ttft_all, np.nan))
         n += w.n
         if not done.all():
             r, c = np.unique(w.reasons[~done], return_counts=True)
@@ -396,6 +421,10 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
     # (vLLM: 0.0 without a successful request)
     bench["max_output_tokens_per_s"] = _max_output_tokens_per_s(result, first, t0) \
         if completed else 0.0
+    itl_pool = None
+    if req_itls is not None:  # each request's gaps: vLLM's own definitions, exactly
+        itl_pool, bench["max_output_tokens_per_s"] = _from_request_itls(
+            req_itls, np.concatenate(chunk_starts) if chunk_starts else np.zeros(0), t0)
     starts, ends = _take(sends), _take(finishes)
     starts.sort()  # in place: 16 bytes per completed request, the one O(n) step here
     ends.sort()
@@ -423,7 +452,9 @@ def _bench(result: RunResult, *, date: str | None = None) -> dict:
         if metric not in selected:
             continue
         if metric == "itl":
-            if result.itl_stream is not None:
+            if itl_pool is not None:
+                st = _itl_stats(itl_pool, np.ones(len(itl_pool), dtype=np.int64), percentiles)
+            elif result.itl_stream is not None:
                 st = _sketch_stats(result.itl_stream, percentiles)
                 approximate.append(metric)
             else:

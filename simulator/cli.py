@@ -11,6 +11,8 @@ and exits with code 2; ``--debug`` (anywhere on the line) shows the traceback in
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import signal
 import sys
 import warnings
@@ -100,14 +102,20 @@ def main(argv: list[str] | None = None) -> None:
     as one line on stderr; 130 interrupted (one line saying what was kept); 1 an internal
     error (one line; ``--debug`` shows the traceback). Returns normally on success."""
     rc = run_cli(argv)
+    if _STDOUT_FAILED:  # spare the interpreter's flush of it at exit (a second error)
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed at exit)
     if rc:
         sys.exit(rc)
 
 
+# errno of a failed write to standard output that is the environment's, not servesim's
+_STDOUT_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT, errno.EFBIG}
+_STDOUT_FAILED = False
+
+
 def run_cli(argv: list[str] | None = None) -> int:
     """Run the app in-process and return the exit code (what ``main`` exits with)."""
-    import os
-
     from servesim.simulator import progress
     from servesim.simulator.errors import (
         Interrupted,
@@ -142,11 +150,10 @@ def run_cli(argv: list[str] | None = None) -> int:
         typer.echo("interrupted: nothing was written", err=True)
         return 130
     except Exception as e:  # usage errors (typer's vendored click) and the like
-        if isinstance(e, OSError) and e.filename is None and e.errno is not None and not debug:
-            # standard output failed (a full disk, a closed pipe): say so, and spare the
-            # interpreter's flush of it at exit
-            with contextlib.suppress(OSError):
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (closed at exit)
+        if (isinstance(e, OSError) and e.filename is None and e.errno in _STDOUT_ERRNOS
+                and not debug):  # standard output failed (a full disk, a closed pipe)
+            global _STDOUT_FAILED
+            _STDOUT_FAILED = True
             typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
             return 2
         if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):

@@ -509,16 +509,19 @@ def _scheduled_token_budget(c: ExperimentConfig) -> int:
 
 def _check_stream_interval(c: ExperimentConfig) -> None:
     """``scheduler.stream_interval`` > 1 is the API server's (vLLM's output processor sends a
-    request's tokens in chunks): it needs the frontend model, which cluster runs leave out."""
+    request's tokens in chunks): it needs the frontend model, which cluster runs (and runs
+    with a KV offload tier, which take the cluster engine) leave out."""
     intervals = [c.scheduler.stream_interval]
     if c.cluster is not None:
         intervals += [(g.scheduler or {}).get("stream_interval", 1) for g in c.cluster.instances]
     n = max(intervals)
     if n == 1:
         return
-    if c.cluster is not None:
+    if c.cluster is not None or c.cache.kv_offload is not None:
+        what = "cluster runs" if c.cluster is not None else "runs with cache.kv_offload " \
+            "(the cluster engine)"
         raise ConfigError(
-            f"scheduler.stream_interval: {n}: cluster runs leave the API server out, and its "
+            f"scheduler.stream_interval: {n}: {what} leave the API server out, and its "
             "output processor is what sends tokens in chunks (set 1)")
     if not c.frontend.enable:
         raise ConfigError(

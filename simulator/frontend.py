@@ -544,7 +544,9 @@ class Frontend:
         when it finishes (vLLM ``RequestState.make_request_output``); each sampled row left
         one engine gap in ``itl_explicit`` (non-first tokens), which becomes the client's gap
         since the request's previous chunk if it sends, else none. The step's output work:
-        ``detokenize_per_token_s − stream_chunk_s`` per token, ``stream_chunk_s`` per chunk."""
+        ``detokenize_per_token_s − stream_chunk_s`` per token, ``stream_chunk_s`` per chunk.
+        Rows of requests aborted meanwhile (the client gave up) are dropped, as vLLM's output
+        processor drops outputs of requests it no longer holds."""
         p, n, N = self.p, self.n, self.stream_interval
         sampled = out.sampled
         if sampled is None:
@@ -552,16 +554,25 @@ class Frontend:
         counts = getattr(out, "sampled_tokens", None)  # tokens per row (speculative decoding)
         chunks = [0] * n
         senders = []  # (request, its engine gap or None for a first token)
-        gaps = []
+        gaps = []  # the rows with an engine gap, in order (None: an aborted one's)
+        dropped = 0  # tokens of aborted requests: vLLM's output processor drops them
         for j, req in enumerate(sampled):
             fe = req.fe
             got = counts[j] if counts is not None else 1
+            aborted = req.status == RequestStatus.FINISHED_ABORTED
             if fe[FE_ENGINE_FIRST] != fe[FE_ENGINE_FIRST]:  # NaN: its first token
+                if aborted:
+                    dropped += got
+                    continue
                 fe[FE_ENGINE_FIRST] = now
                 del fe[FE_TOKENS:]
                 fe += (got, got, _NAN)
                 senders.append((req, None))
                 chunks[fe[FE_SERVER] if n > 1 else 0] += 1
+                continue
+            if aborted:  # (the client gave up: its request state is gone, no chunk)
+                dropped += got
+                gaps.append(None)
                 continue
             tokens = fe[FE_TOKENS] + got
             fe[FE_TOKENS] = tokens
@@ -574,7 +585,7 @@ class Frontend:
         chunk_s = min(p.stream_chunk_s, p.detokenize_per_token_s)
         tok_s = p.detokenize_per_token_s - chunk_s
         arrive = now + p.ipc_s
-        base, extra = divmod(out.num_new_tokens, n)
+        base, extra = divmod(out.num_new_tokens - dropped, n)
         for i, s in enumerate(self.servers):
             start = s.busy if s.busy > arrive else arrive
             work = tok_s * (base + (1 if i < extra else 0)) + chunk_s * chunks[i]
@@ -583,8 +594,9 @@ class Frontend:
             s.last_start, s.last_done = start, s.busy
         out.num_chunks = len(senders)
         k = len(itl_explicit) - len(gaps)
-        for v in itl_explicit[k:]:
-            engine_itl.append((v, 1))  # vLLM's engine-side gaps: every token
+        for req, v in zip(gaps, itl_explicit[k:]):
+            if req is not None:
+                engine_itl.append((v, 1))  # vLLM's engine-side gaps: every token
         del itl_explicit[k:]
         for req, sent in senders:
             fe = req.fe

@@ -91,8 +91,9 @@ class Recorder:
          a_preempt, a_stage, a_warmup, a_attempts, a_fe_arrival, a_tok, a_queued, a_e_first,
          a_e_fin, a_it_first, a_it_fin) = self._req_appends
         a_index(r.index)
-        if self.request_itls is not None:
-            self.request_itls[r.index] = r.itls or []
+        if self.request_itls is not None:  # (a copy: batches in flight may still append to
+            # the list of a request the client gave up on; those gaps never reach it)
+            self.request_itls[r.index] = r.itls[:] if r.itls else array("d")
         a_arrival(r.spec.arrival_s)
         a_send(r.send_time)
         a_prompt(r.prompt_len)

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import time
 import warnings
+from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -149,13 +150,14 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
             # (1 + k tokens per decode row), LoRA (max_loras per step), a stream interval
             # (the API server's chunks follow each request's token count) and per-request
             # ITLs (save_detailed: every gap explicit)
-            sched = sched_factory(params, kv, fast_path=fast_path and batches == 1
-                                  and not window and spec_cfg is None
-                                  and not lora_cfg.enable_lora
-                                  and cfg.scheduler.stream_interval == 1
-                                  and not save_itls)
+            fast_ok = (fast_path and batches == 1 and not window and spec_cfg is None
+                       and not lora_cfg.enable_lora and cfg.scheduler.stream_interval == 1
+                       and not save_itls)
+            sched = sched_factory(params, kv, fast_path=fast_ok)
         except TypeError:  # third-party policies need not know about the fast path
             sched = sched_factory(params, kv)
+            if not fast_ok and getattr(sched, "fast_path", False):
+                sched.fast_path = False  # (as enable_spec_decode / enable_lora turn it off)
         if (spec_cfg is not None or lora_cfg.enable_lora) and not _runs_vllm_loop(sched):
             raise ConfigError(
                 f"scheduler.policy: {cfg.scheduler.policy} runs its own scheduling loop; "
@@ -353,9 +355,10 @@ def _step_columns(rec: Recorder, spec_cfg, lora_cfg, stream_chunks: bool = False
 
 
 def _append_itl(req, gap: float) -> None:
-    """``itl_hook``: one more client-side inter-token gap of ``req`` (save_detailed)."""
+    """``itl_hook``: one more client-side inter-token gap of ``req`` (save_detailed; 8 bytes
+    a gap)."""
     if req.itls is None:
-        req.itls = [gap]
+        req.itls = array("d", (gap,))
     else:
         req.itls.append(gap)
 

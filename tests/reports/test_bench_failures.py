@@ -41,6 +41,13 @@ def test_duration_lasts_until_the_last_timeout():
     want = np.where(np.isfinite(first), first - np.asarray(q["send_s"]), 0.0)
     np.testing.assert_allclose(b["ttfts"], want, rtol=0, atol=1e-12)
     assert all(b["latencies"][i] == 0.0 for i in np.flatnonzero(~ok))
+    # with each request's gaps at hand (save_detailed), ITL pools the successful requests'
+    # only, as vLLM's calculate_metrics (the timed-out ones' gaps are left out)
+    flat = np.concatenate([np.asarray(b["itls"][i]) for i in np.flatnonzero(ok)])
+    every = np.concatenate([np.asarray(x) for x in b["itls"]])
+    assert len(every) > len(flat)
+    assert b["mean_itl_ms"] == pytest.approx(1e3 * flat.mean(), rel=1e-12)
+    assert b["p99_itl_ms"] == pytest.approx(1e3 * np.percentile(flat, 99), rel=1e-12)
 
 
 def test_nothing_completed_is_zero_throughput_over_the_time_spent():

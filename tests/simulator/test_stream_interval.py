@@ -106,6 +106,8 @@ def test_timed_out_request_keeps_only_the_tokens_sent():
 @pytest.mark.parametrize("ov, msg", [
     (["frontend.enable=false"], "scheduler.stream_interval: 4 needs the API-server model"),
     (["cluster.instances=[{name: a}]"], "scheduler.stream_interval: 4: cluster runs leave"),
+    (["cache.kv_offload={cpu_bytes: 4G}"],
+     "scheduler.stream_interval: 4: runs with cache.kv_offload"),
 ])
 def test_refused_without_the_api_server(ov, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -148,21 +150,51 @@ def test_speculative_decoding_counts_each_rows_tokens():
 
 
 def test_peak_output_rate_counts_chunks_as_vllm_bench():
-    """vllm bench serve's ``max_output_tokens_per_s`` buckets each request's chunk times
-    (ttft, then one per ITL): with EAGLE-3 a step's row is one chunk of 1 to 4 tokens. The
-    chunk column holds one per sampled row (first tokens included), and the peak is the
-    busiest second of chunks, not of tokens."""
+    """vllm bench serve's ``max_output_tokens_per_s`` buckets each successful request's chunk
+    times (start + ttft, then one per ITL, ``calculate_metrics``): with EAGLE-3 a step's row
+    is one chunk of 1 to 4 tokens. Without a frontend the client's times are the engine's,
+    so the step-based peak (chunk column) must equal vLLM's formula applied to the same
+    run's per-request lists (``save_detailed``: ttfts, itls, start_times)."""
     from servesim.reports.bench_result import compute_bench_result
 
-    r = run("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
-            "speculative_config={method: eagle3, num_speculative_tokens: 3, "
-            "acceptance: {rate: 0.6}}", "workload.num_prompts=200", "workload.request_rate=20",
-            "workload.input_len=256", "workload.output_len=128")
+    base = ["model.name=llama-3.1-8b", "hardware.name=h100-sxm", "frontend.enable=false",
+            ("speculative_config={method: eagle3, num_speculative_tokens: 3, "
+             "acceptance: {rate: 0.6}}"), "workload.num_prompts=200", "workload.request_rate=20",
+            "workload.input_len=256", "workload.output_len=128"]
+    r = run(*base)
     st = r.steps
     chunks = np.asarray(st["num_output_chunks"])
     assert chunks.sum() == r.itl_counts.sum() + 200  # one gap per chunk after the first
     assert st["num_generated_tokens"].sum() > 1.5 * chunks.sum()
-    t0 = float(np.min(r.requests["send_s"]))
-    want = np.bincount(np.floor(np.asarray(st["time_s"]) - t0).astype(int),
-                       weights=chunks).max()
+    d = compute_bench_result(run(*base, "output.save_detailed=true"))
+    times = [s + t + np.concatenate(([0.0], np.cumsum(g)))
+             for s, t, g in zip(d["start_times"], d["ttfts"], d["itls"])]
+    t0 = min(d["start_times"])
+    want = np.bincount(np.floor(np.concatenate(times) - t0).astype(int)).max()
     assert compute_bench_result(r)["max_output_tokens_per_s"] == want
+    assert d["max_output_tokens_per_s"] == want
+
+
+def test_a_client_that_gives_up_gets_no_more_chunks():
+    """Client timeouts at N = 4: a request given up holds the tokens of the chunks it got
+    (1, 5, 9, ...: 1 + 4m tokens), its detailed ITL list one gap per chunk after the first,
+    and no chunk is sent for it afterwards (vLLM's output processor drops an aborted
+    request's outputs): the steps' chunk column adds up to the chunks the requests got."""
+    from servesim.reports.bench_result import compute_bench_result
+
+    r = run("workload.num_prompts=40", "workload.request_rate=inf", "workload.input_len=512",
+            "workload.output_len=300", "workload.range_ratio=0.9",
+            "client.request_timeout_s=2.5", "scheduler.stream_interval=4",
+            "output.save_detailed=true")
+    q = r.requests
+    reasons = np.asarray(q["finished_reason"]).astype(str)
+    outs = np.asarray(q["output_len"], dtype=int)
+    late = (reasons == "timeout") & (outs > 0)
+    done = reasons == "length"
+    assert late.any() and done.any()
+    assert ((outs[late] - 1) % 4 == 0).all()
+    itls = compute_bench_result(r)["itls"]
+    np.testing.assert_array_equal([len(itls[i]) for i in np.flatnonzero(late)],
+                                  (outs[late] - 1) // 4)
+    chunks = (1 + np.ceil((outs[done] - 1) / 4)).sum() + (1 + (outs[late] - 1) // 4).sum()
+    assert int(r.steps["num_output_chunks"].sum()) == int(chunks)
