@@ -188,6 +188,23 @@ class ProcessExecutor(Executor):
                 return
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) Ray address must accept a TCP connection
+    within ``timeout_s``: ``ray.init`` itself retries an unreachable one for minutes.
+    Other forms (``auto``, ``local``) are left to Ray."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ServesimError(f"--backend ray: cannot connect to Ray at {address} "
+                            f"({getattr(e, 'strerror', None) or e})") from None
+
+
 class RayExecutor(Executor):
     """Points as Ray tasks (1 CPU each) on the cluster at ``address``, or on a local Ray."""
 
@@ -205,6 +222,7 @@ class RayExecutor(Executor):
                                   "logging_level": "warning"}
             try:
                 if address:
+                    _check_reachable(address)
                     ray.init(address=address, **kw)
                 else:
                     ray.init(num_cpus=jobs, **kw)

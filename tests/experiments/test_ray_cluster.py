@@ -43,3 +43,19 @@ def test_plan_on_a_ray_cluster(cluster_address, plan_file, plan_reference, tmp_p
     assert not ray.is_initialized()
     assert res["backend"] == "ray"
     assert_same_results("plan", plan_reference, tmp_path)
+
+
+def test_an_unreachable_ray_address_fails_at_once(sweep_file, tmp_path):
+    """A host:port nothing listens on: a one-line error from a TCP check before ray.init
+    (which retries such an address for minutes)."""
+    import socket
+
+    from servesim.simulator.errors import ServesimError
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # (free again: connections to it are refused)
+    with pytest.raises(ServesimError, match=f"cannot connect to Ray at 127.0.0.1:{port} "):
+        run_sweep(load_spec(sweep_file), tmp_path, backend="ray",
+                  ray_address=f"127.0.0.1:{port}")
