@@ -217,6 +217,21 @@ def holds_files(p: Path, overwrite: bool, what: str = "output",
     return True
 
 
+def replaceable(p: Path, what: str, keep: tuple[Path, ...] = ()) -> None:
+    """``--overwrite`` replaces a whole folder: only one a servesim run wrote (it holds
+    ``run_info.json``), and never one holding a file of ``keep`` (the config being run)."""
+    out = p.resolve()
+    for f in keep:
+        f = Path(f).resolve()
+        if out in f.parents:
+            raise ServesimError(f"{p}: holds {f.name}, which this run reads; --overwrite will "
+                                f"not replace it, choose another {what} folder")
+    if not (p / RUN_INFO_FILE).is_file():
+        raise ServesimError(f"{p}: holds files that are not a servesim run's (no "
+                            f"{RUN_INFO_FILE}); --overwrite replaces only a run folder, choose "
+                            f"another {what} folder")
+
+
 class OutputDir:
     """An output folder that appears complete or not at all.
 
@@ -226,11 +241,19 @@ class OutputDir:
     :meth:`discard` (also on an exception inside ``with``) removes it, leaving ``path`` as it
     was. A non-empty existing folder is refused unless ``overwrite``."""
 
-    def __init__(self, path: str | Path, *, overwrite: bool = False, what: str = "output"):
+    def __init__(self, path: str | Path, *, overwrite: bool = False, what: str = "output",
+                 keep: tuple[Path, ...] = ()):
         self.path = Path(path)
         self.staging: Path | None = None
         p = self.path
-        holds_files(p, overwrite, what)
+        if p.is_symlink():  # (the swap would replace the link, not fill its target)
+            raise ServesimError(f"{p}: is a symlink; give the {what} folder itself")
+        here = Path.cwd().resolve()
+        if p.resolve() == here or p.resolve() in here.parents:
+            raise ServesimError(f"{p}: is the working directory or holds it; choose a {what} "
+                                "folder inside it")
+        if holds_files(p, overwrite, what):
+            replaceable(p, what, keep)
         parent = make_parent(p)
         try:
             self.staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.partial-"))

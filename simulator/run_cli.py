@@ -26,7 +26,8 @@ def load(config: Path, overrides: list[str] | None, seed: int | None = None):
 
 
 OVERWRITE_OPT = typer.Option(False, "--overwrite",
-                             help="Replace a non-empty output folder (default: refuse)")
+                             help="Replace a previous run's output folder (one holding "
+                             "run_info.json; default: refuse a non-empty folder)")
 JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON instead of a table")
 
 
@@ -70,7 +71,7 @@ def run(
     cfg = load(config, overrides, seed)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     outdir = output_dir or Path("results") / f"{Path(config).stem}-{stamp}"
-    out = OutputDir(outdir, overwrite=overwrite, what="run")
+    out = OutputDir(outdir, overwrite=overwrite, what="run", keep=(Path(config),))
     result = bench = None
     # requests.csv and timeseries.csv written meanwhile (None where it cannot fork)
     stream = RequestsCsvStream.start(out.file(REQUESTS_FILE), cfg.output.timeseries_interval_s)

@@ -145,3 +145,32 @@ def test_standard_output_that_cannot_be_written_is_a_one_line_error(tmp_path):
                            stdout=full, stderr=subprocess.PIPE, text=True, check=False)
     assert p.returncode == 2
     assert p.stderr == "error: cannot write the output: No space left on device\n"
+
+
+def test_overwrite_replaces_only_a_run_folder(tmp_path):
+    """``--overwrite`` replaces a whole folder, so it takes only a servesim run's (one with
+    run_info.json): never the config's own folder, a folder of other files, the working
+    directory or a symlink; each is a one-line error (exit 2) that leaves everything as it
+    was."""
+    cfg = tmp_path / "cfgs" / "c.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(CONFIG.read_text())
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "n.txt").write_text("keep me")
+    (tmp_path / "link").symlink_to(notes)
+    cases = [(cfg.parent, "holds c.yaml, which this run reads"),
+             (notes, "holds files that are not a servesim run's (no run_info.json)"),
+             (tmp_path / "link", "is a symlink"),
+             (Path("."), "is the working directory or holds it")]
+    for out, needle in cases:
+        p = simulate("run", cfg, "-o", out, "--overwrite", "--quiet", *SMALL, cwd=tmp_path)
+        assert p.returncode == 2 and needle in p.stderr and p.stderr.count("\n") == 1, \
+            (out, p.stderr)
+    assert cfg.is_file() and (notes / "n.txt").read_text() == "keep me"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["cfgs", "link", "notes"]
+    run = tmp_path / "run"  # a run folder is replaced
+    for _ in range(2):
+        p = simulate("run", cfg, "-o", run, "--overwrite", "--quiet", *SMALL, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+    assert (run / "run_info.json").is_file()
