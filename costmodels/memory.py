@@ -375,16 +375,16 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
              f"pipeline_parallel_size={pp})")
     explicit = getattr(cfg.cache, "kv_cache_memory_bytes", None)
     if explicit is not None and weights >= total:
+        parts, fix = _weight_parts(cfg, weights, draft_w, lora_b)
         raise CapacityError(
-            f"{where}: model weights take {weights / GIB:.2f} GiB per GPU, more than the "
-            f"{hw.memory_gib:.2f} GiB device; raise parallel.tensor_parallel_size, quantize the "
-            "model, or use a larger GPU")
+            f"{where}: model weights take {weights / GIB:.2f} GiB per GPU{parts}, more than "
+            f"the {hw.memory_gib:.2f} GiB device; {fix}")
     if explicit is None and weights >= requested:
+        parts, fix = _weight_parts(cfg, weights, draft_w, lora_b)
         raise CapacityError(
-            f"{where}: model weights take {weights / GIB:.2f} GiB per GPU but only "
+            f"{where}: model weights take {weights / GIB:.2f} GiB per GPU{parts} but only "
             f"{requested / GIB:.2f} GiB available at gpu_memory_utilization={util} "
-            f"({hw.memory_gib:.2f} GiB device); raise parallel.tensor_parallel_size, "
-            "quantize the model, or use a larger GPU"
+            f"({hw.memory_gib:.2f} GiB device); {fix}"
         )
     fwd = forward_activation_bytes(spec, toks, tp)
     sampler = int(seqs * spec.vocab_size * co.sampler_bytes_per_logit)
@@ -517,6 +517,29 @@ def fit_max_model_len(derived: int, fits) -> int:
         else:
             hi = mid - 1
     return best
+
+
+def _weight_parts(cfg, weights: int, draft_w: int, lora_b: int) -> tuple[str, str]:
+    """For a weights-do-not-fit error: " (x GiB model + y GiB ...)" naming the keys of what
+    speculative_config and lora add (empty when they add nothing), and what to change."""
+    fix = "raise parallel.tensor_parallel_size, quantize the model, or use a larger GPU"
+    if not draft_w and not lora_b:
+        return "", fix
+    parts = [f"{(weights - draft_w - lora_b) / GIB:.2f} GiB model"]
+    fixes = []
+    if draft_w:
+        scfg = cfg.speculative_config
+        what = f"speculative_config.model {scfg.model}" if scfg.model else (
+            f"speculative_config.method {scfg.method} drafter")
+        parts.append(f"{draft_w / GIB:.2f} GiB {what}")
+        fixes.append("a smaller speculative_config.model" if scfg.model else "")
+    if lora_b:
+        lc = cfg.lora
+        parts.append(f"{lora_b / GIB:.2f} GiB LoRA slots (lora.max_loras={lc.max_loras}, "
+                     f"max_lora_rank={lc.max_lora_rank})")
+        fixes.append("fewer lora.max_loras or a lower max_lora_rank")
+    fixes = [f for f in fixes if f]
+    return f" ({' + '.join(parts)})", (f"use {' or '.join(fixes)}, or {fix}" if fixes else fix)
 
 
 def _extra_memory(cfg, spec: ModelSpec, hw: HardwareSpec, wf: WeightFormat, tp: int,

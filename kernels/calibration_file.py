@@ -140,18 +140,45 @@ def dump_calibration(doc: dict, fmt: str = "yaml") -> str:
     return "\n".join(lines + ["}", ""])
 
 
+def check_output_file(path: Path, example: str = "GPU.yaml") -> None:
+    """Refuse (one-line ServesimError) an output file that cannot be written: a folder, a name
+    under a file, or a folder this user cannot write in. ``simulate calibrate`` checks ``-o``
+    with it before measuring (minutes on the GPU)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ServesimError(f"{path}: is a folder; give the calibration file's name, e.g. "
+                            f"{path / example}")
+    if not path.name or path.name in (".", ".."):
+        raise ServesimError(f"{path}: expected a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ServesimError(f"{path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ServesimError(f"{path}: cannot write in {parent} (permission denied)")
+
+
 def write_calibration(doc: dict, path: Path) -> Path:
     """Validate and write atomically (temp file + rename)."""
     path = Path(path)
     validate_calibration(doc, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot create its folder: {e.strerror or e}") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(dump_calibration(doc, "json" if path.suffix == ".json" else "yaml"))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a data file is world-readable
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(dump_calibration(doc, "json" if path.suffix == ".json" else "yaml"))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a data file is world-readable
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

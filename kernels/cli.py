@@ -47,14 +47,16 @@ def register(app: typer.Typer) -> None:
         if not gpu:
             raise ServesimError("simulate calibrate: --gpu NAME is required (a configs/hardware "
                                 "name, e.g. h100-sxm); or: simulate calibrate report FILE")
+        plan = C.build_plan(gpu, quick)  # (an unknown --gpu name fails here, on any machine)
         if dry_run:
-            plan = C.build_plan(gpu, quick)
             typer.echo(C.format_plan(plan, C.estimate_plan(plan)))
             return
-        C.require_gpu()
         from servesim.costmodels.calibration import user_calibration_dir
+        from servesim.kernels.calibration_file import check_output_file
 
         out = output or user_calibration_dir() / f"{gpu}.yaml"
+        check_output_file(out, f"{gpu}.yaml")  # before minutes of measuring, not after
+        C.require_gpu()
         path = C.run_calibration(gpu, out, quick, progress=None if quiet else _progress,
                                  log=(lambda *_: None) if quiet else typer.echo)
         typer.echo(f"wrote {path}")

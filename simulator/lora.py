@@ -31,7 +31,10 @@ from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+# lora.adapters: the popularity vector holds one float per adapter (8 MB at this bound)
+MAX_ADAPTERS = 1_000_000
 
 
 class _Section(BaseModel):
@@ -47,20 +50,31 @@ class LoRAConfig(_Section):
     max_cpu_loras: PositiveInt | None = Field(
         None, description="Adapters kept in CPU memory (LRU); default max_loras")
     target_modules: list[str] | None = Field(
-        None, description="Adapted modules (default qkv_proj, o_proj, gate_up_proj, down_proj)")
+        None, description="Adapted modules (default qkv_proj, o_proj, gate_up_proj, down_proj); "
+        "null for the default, not an empty list")
     lora_dtype: Literal["auto", "float16", "bfloat16"] = "auto"
     fully_sharded_loras: bool = False
     # servesim: the workload's adapters and where they load from
-    adapters: int = Field(0, ge=0, description="Requests without a lora draw one of N "
-                          "adapters lora-0..lora-{N-1} (0: only the trace's lora column)")
+    adapters: int = Field(0, ge=0, le=MAX_ADAPTERS, description="Requests without a lora draw "
+                          "one of N adapters lora-0..lora-{N-1} (0: only the trace's lora "
+                          "column); at most 1,000,000")
     popularity: Literal["uniform", "zipf"] = "zipf"
-    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent: P(adapter i) ∝ 1/(i+1)^s")
+    zipf_s: float = Field(1.0, ge=0, allow_inf_nan=False, description="Zipf exponent: P(adapter i) ∝ 1/(i+1)^s")
     base_fraction: float = Field(0.0, ge=0, le=1, description="Share of those requests that "
                                  "use the base model")
     adapter_rank: PositiveInt | None = Field(None, description="Rank of the adapters "
                                              "(default max_lora_rank)")
-    disk_load_gbps: float = Field(1.0, gt=0, description="Adapter read + parse from disk, GB/s")
-    disk_load_latency_ms: float = Field(5.0, ge=0, description="Fixed cost per disk load")
+    disk_load_gbps: float = Field(1.0, gt=0, allow_inf_nan=False,
+                                  description="Adapter read + parse from disk, GB/s")
+    disk_load_latency_ms: float = Field(5.0, ge=0, allow_inf_nan=False,
+                                        description="Fixed cost per disk load")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _modules(cls, v):
+        if v is not None and not v:
+            raise ValueError("expected at least one module name (null: vLLM's default modules)")
+        return v
 
     @model_validator(mode="after")
     def _check(self):

@@ -67,6 +67,10 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     t0 = time.perf_counter()
     if not resolved:
         cfg = resolve_config(cfg)
+    if cfg.speculative_config is not None:
+        from servesim.simulator.spec_decode import check_acceptance_column
+
+        check_acceptance_column(cfg)  # (a misspelt column would run every request at rate)
     if cfg.cluster is not None or cfg.cache.kv_offload is not None:
         from servesim.simulator.cluster.runner import run_cluster
 

@@ -52,9 +52,10 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from servesim.costmodels.config import QUANTIZATION_ALIASES, WEIGHT_FORMATS
 from servesim.costmodels.spec_decode import METHODS, num_lookahead_tokens
-from servesim.simulator.errors import TraceError
+from servesim.simulator.errors import ConfigError, TraceError
 
 SpecMethod = Literal["ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp", "draft_model",
                      "medusa", "mlp_speculator"]
@@ -69,7 +70,7 @@ class AcceptanceConfig(_Section):
     """servesim's acceptance model (one of ``rate``, ``per_position``, ``column``)."""
 
     rate: float | None = Field(None, ge=0, le=1, description="Geometric per-position "
-                               "acceptance α (with column: α for requests without a value)")
+                               "acceptance α (with column: α for rows whose cell is empty; the column must exist)")
     per_position: list[float] | None = Field(
         None, description="Unconditional acceptance rate of draft positions 1..k, as vLLM "
         "reports them (non-increasing)")
@@ -118,6 +119,22 @@ class SpeculativeConfig(_Section):
     synthetic_acceptance_rates: list[float] | None = None
     synthetic_acceptance_length: float | None = None
     acceptance: AcceptanceConfig | None = None
+
+    @field_validator("quantization")
+    @classmethod
+    def _quantization(cls, v):
+        if v is not None and v not in WEIGHT_FORMATS and v not in QUANTIZATION_ALIASES:
+            raise ValueError(f"expected {', '.join(WEIGHT_FORMATS)} or vLLM's "
+                             f"{', '.join(QUANTIZATION_ALIASES)} (others are not modelled)")
+        return v
+
+    @field_validator("prompt_lookup_min")
+    @classmethod
+    def _lookup(cls, v, info):
+        hi = info.data.get("prompt_lookup_max")
+        if v is not None and hi is not None and v > hi:  # (vLLM SpeculativeConfig)
+            raise ValueError(f"prompt_lookup_min={v} must be <= prompt_lookup_max={hi}")
+        return v
 
     @model_validator(mode="after")
     def _check(self):
@@ -251,6 +268,38 @@ class ColumnAcceptance:
         if m is None:
             m = self._cache[alpha] = GeometricAcceptance(alpha)
         return m.accepted(req, s, u)
+
+
+def check_acceptance_column(cfg) -> None:
+    """``speculative_config.acceptance.column`` must name a column of the workload: only a
+    canonical CSV trace keeps its other columns (``RequestSpec.extra``). ``rate``, given with
+    a column, is the α of rows whose cell is empty, never of a column the trace lacks (a
+    misspelt name would silently run every request at ``rate``). ConfigError otherwise."""
+    scfg = getattr(cfg, "speculative_config", None)
+    acc = scfg.acceptance if scfg is not None else None
+    if acc is None or acc.column is None:
+        return
+    key, col, wl = "speculative_config.acceptance.column", acc.column, cfg.workload
+    if wl.kind != "trace":
+        raise ConfigError(f"{key}: {col!r} is read from a trace column, but workload.kind is "
+                          f"{wl.kind} (use a canonical CSV trace with that column)")
+    import csv
+
+    from servesim.workloads.importers import detect_format
+    from servesim.workloads.importers_common import open_text
+
+    fmt = wl.format if wl.format != "auto" else detect_format(wl.path)
+    if fmt != "canonical":
+        raise ConfigError(f"{key}: {col!r}: only a canonical CSV trace keeps extra columns; "
+                          f"{wl.path} is {fmt}")
+    with open_text(wl.path, errors="replace") as f:
+        header = [c.strip() for c in next(csv.reader(f), [])]
+    from servesim.workloads.importers_csv import CANONICAL_OPTIONAL, CANONICAL_REQUIRED
+
+    others = [c for c in header if c and c not in CANONICAL_REQUIRED + CANONICAL_OPTIONAL]
+    if col not in others:
+        raise ConfigError(f"{key}: {col!r} is not one of the trace's extra columns "
+                          f"({', '.join(others) or 'none'} in {wl.path})")
 
 
 def build_acceptance(scfg: SpeculativeConfig):

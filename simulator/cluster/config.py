@@ -20,6 +20,8 @@ from servesim.costmodels.config import HardwareConfig, ModelConfig, parse_bytes
 # Engines one simulation may hold (data-parallel ranks, or a cluster's instances): each is a
 # scheduler and a block pool (~1 MB of simulator memory per 28k KV blocks).
 MAX_ENGINES = 1024
+# cache.kv_offload.cpu_bytes: at most 1 PiB (far above any host's memory)
+MAX_CPU_BYTES = 1 << 50
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -31,20 +33,24 @@ class KVOffloadConfig(_Section):
     "kv_connector_extra_config": {"cpu_bytes_to_use": ..., "eviction_policy": ...}}'``)."""
 
     cpu_bytes: int = Field(description="CPU memory for offloaded KV blocks (vLLM "
-                           "cpu_bytes_to_use), bytes or a string such as '8GiB'")
+                           "cpu_bytes_to_use), bytes or a string such as '8GiB'; at most 1PiB")
     policy: Literal["lru", "arc"] = Field("lru", description="vLLM eviction_policy")
     block_size: PositiveInt | None = Field(
         None, description="Offloaded block size in tokens, a multiple of cache.block_size "
         "(vLLM's kv_connector_extra_config block_size); default: cache.block_size")
     bandwidth_gbps: float | None = Field(
-        None, gt=0, description="Host link per direction and GPU, GB/s; default: the hardware "
-        "spec's pcie_bw_gbps")
-    latency_us: float = Field(10.0, ge=0, description="Fixed cost per load/store job, us")
+        None, gt=0, allow_inf_nan=False, description="Host link per direction and GPU, GB/s; "
+        "default: the hardware spec's pcie_bw_gbps")
+    latency_us: float = Field(10.0, ge=0, allow_inf_nan=False,
+                              description="Fixed cost per load/store job, us")
 
     @field_validator("cpu_bytes", mode="before")
     @classmethod
     def _bytes(cls, v):
-        return parse_bytes(v)
+        n = parse_bytes(v)
+        if n > MAX_CPU_BYTES:
+            raise ValueError(f"at most 1PiB ({MAX_CPU_BYTES} bytes) of CPU memory")
+        return n
 
 
 class RouterConfig(_Section):
@@ -52,7 +58,8 @@ class RouterConfig(_Section):
 
     policy: str = Field("least_load", description="round_robin | least_load | power_of_two | "
                         "random | session_affinity | prefix_aware | cache_aware | registered")
-    decision_latency_s: float = Field(0.0, ge=0, description="Router time per request, s")
+    decision_latency_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                      description="Router time per request, s")
     params: dict[str, Any] = Field(default_factory=dict,
                                    description="Policy parameters (see simulator/cluster/"
                                    "routers.py)")
@@ -73,9 +80,11 @@ class KVTransferConfig(_Section):
     """The P→D KV link (vLLM ``NixlConnector``): a preset, any field overridable."""
 
     link: Literal["nvlink", "rdma", "tcp"] = "rdma"
-    bandwidth_gbps: float | None = Field(None, gt=0, description="Per GPU and direction, GB/s")
-    latency_us: float | None = Field(None, ge=0)
-    overhead_us: float | None = Field(None, ge=0, description="Fixed cost per transfer, us")
+    bandwidth_gbps: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                         description="Per GPU and direction, GB/s")
+    latency_us: float | None = Field(None, ge=0, allow_inf_nan=False)
+    overhead_us: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                      description="Fixed cost per transfer, us")
 
     def resolved(self) -> dict[str, float]:
         p = dict(LINK_PRESETS[self.link])
@@ -174,13 +183,32 @@ def resolve_cluster(raw, resolved) -> None:
     """Resolve every group of ``raw.cluster`` (the unresolved config) and write the resolved
     sections into ``resolved.cluster``'s groups; check what all instances must share."""
     from servesim.simulator.config import omit_defaults, resolve_config, validate_tree
-    from servesim.simulator.errors import ConfigError
+    from servesim.simulator.errors import ConfigError, ServesimError
 
+    def resolve(tree: dict, where: str):
+        try:
+            return resolve_config(validate_tree(tree, where))
+        except ServesimError as e:  # (a resolve-time error: say which group it is in)
+            if str(e).startswith(where):
+                raise
+            raise type(e)(f"{where}: {e}") from None
+
+    groups = raw.cluster.instances
+    where = [f"cluster.instances[{i}] ({g.name})" for i, g in enumerate(groups)]
+    if raw.parallel.data_parallel_size != 1:
+        raise ConfigError(
+            f"parallel.data_parallel_size: {raw.parallel.data_parallel_size} is not used in a "
+            "cluster (each instance is one engine); set cluster.instances[i].replicas instead")
+    for g, w in zip(groups, where):
+        dp = (g.parallel or {}).get("data_parallel_size", 1)
+        if dp != 1:
+            raise ConfigError(
+                f"{w}: parallel.data_parallel_size: {dp!r} is not used in a cluster (each "
+                "instance is one engine); set the group's replicas instead")
     base = raw.dump_tree(mode="python")
     base.pop("cluster", None)
-    trees = [group_tree(base, g) for g in raw.cluster.instances]
-    where = [f"cluster.instances[{i}] ({g.name})" for i, g in enumerate(raw.cluster.instances)]
-    cfgs = [resolve_config(validate_tree(t, w)) for t, w in zip(trees, where)]
+    trees = [group_tree(base, g) for g in groups]
+    cfgs = [resolve(t, w) for t, w in zip(trees, where)]
     # Groups left at vLLM's default KV block size on different GPUs (an MLA model's backend
     # takes 32 on Blackwell, 64 on Hopper with fp8 KV, else 16) share the largest: every one
     # of those backends takes it (multiples of 16, or 32 and 64), and prefix ids are per block.
@@ -189,7 +217,15 @@ def resolve_cluster(raw, resolved) -> None:
     if len(sizes) > 1 and all(unset):
         for t in trees:
             t.setdefault("cache", {})["block_size"] = max(sizes)
-        cfgs = [resolve_config(validate_tree(t, w)) for t, w in zip(trees, where)]
+        cfgs = [resolve(t, w) for t, w in zip(trees, where)]
+    # vLLM P/D (NixlConnector) hands the prefill's KV cache to the decode instance as is:
+    # both must run the same model
+    pd = [(w, c.model.name) for g, w, c in zip(groups, where, cfgs) if g.role != "both"]
+    for w, name in pd[1:]:
+        if name != pd[0][1]:
+            raise ConfigError(
+                f"{w}: serves model {name} but {pd[0][0]} serves {pd[0][1]}: prefill and decode "
+                "groups must serve the same model (the KV cache moves between them as is)")
     shared = None
     for i, (g_raw, g_res, cfg) in enumerate(zip(raw.cluster.instances,
                                                 resolved.cluster.instances, cfgs)):

@@ -19,6 +19,7 @@ comes from the seeded ``rng`` the runner derives from the workload seed.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import OrderedDict
 from typing import Any, ClassVar
 
@@ -30,10 +31,12 @@ from servesim.simulator.request import Request, stable_int
 
 
 class Router:
-    """Base class: parameter parsing (unknown keys are an error) and the hooks."""
+    """Base class: parameter parsing (unknown keys are an error; numbers finite and within
+    ``RANGES``: param → (lowest, highest), both allowed) and the hooks."""
 
     name = "router"
     PARAMS: ClassVar[dict[str, Any]] = {}
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {}
 
     def __init__(self, params: dict | None = None, rng=None):
         import numpy as np
@@ -46,10 +49,18 @@ class Router:
         for k, default in self.PARAMS.items():
             v = params.get(k, default)
             if isinstance(default, float) and isinstance(v, int) and not isinstance(v, bool):
-                v = float(v)
-            if default is not None and not isinstance(v, type(default)):
+                v = float(v) if abs(v) < 1 << 1000 else math.inf if v > 0 else -math.inf
+            if default is not None and (not isinstance(v, type(default)) or (
+                    isinstance(v, bool) and not isinstance(default, bool))):
                 raise ConfigError(f"router {self.name}: {k}: expected "
                                   f"{type(default).__name__}, got {v!r}")
+            if k in self.RANGES:
+                lo, hi = self.RANGES[k]
+                if not lo <= v <= hi or v in (math.inf, -math.inf):  # (NaN fails lo <= v)
+                    what = "an integer" if isinstance(default, int) else "a finite number"
+                    span = f">= {lo:g}" if hi == math.inf else f"from {lo:g} to {hi:g}"
+                    raise ConfigError(f"router {self.name}: {k}: expected {what} {span}, "
+                                      f"got {v!r}")
             setattr(self, k, v)
         self.rng = rng if rng is not None else np.random.default_rng(0)
 
@@ -97,6 +108,7 @@ class LeastLoadRouter(Router):
 
     name = "least_load"
     PARAMS: ClassVar[dict[str, Any]] = {"refresh_s": 0.1, "api_servers": 1}
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {"refresh_s": (0, math.inf)}
 
     def __init__(self, params=None, rng=None):
         super().__init__(params, rng)
@@ -146,6 +158,8 @@ class SessionAffinityRouter(Router):
 
     name = "session_affinity"
     PARAMS: ClassVar[dict[str, Any]] = {"virtual_nodes": 100}
+    # (the ring holds virtual_nodes points per instance)
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {"virtual_nodes": (1, 10_000)}
 
     def __init__(self, params=None, rng=None):
         super().__init__(params, rng)
@@ -238,6 +252,11 @@ class PrefixAwareRouter(Router):
               "active_weight": 2.0,
               "cache_view": "approximate", "lru_capacity_per_server": 31250,
               "queue_scorer": "minmax", "queue_threshold": 128, "metrics_refresh_s": 0.05}
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "prefix_weight": (0, math.inf), "queue_weight": (0, math.inf),
+        "kv_weight": (0, math.inf), "active_weight": (0, math.inf),
+        "lru_capacity_per_server": (1, math.inf), "queue_threshold": (1, math.inf),
+        "metrics_refresh_s": (0, math.inf)}
     block_size = 16  # the engines' block size (set by the cluster runner)
 
     def __init__(self, params=None, rng=None):
@@ -308,6 +327,9 @@ class CacheAwareRouter(Router):
     PARAMS: ClassVar[dict[str, Any]] = {"cache_threshold": 0.5, "balance_abs_threshold": 32,
               "balance_rel_threshold": 1.1, "cache_view": "approximate",
               "max_tree_blocks": 1 << 20}
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "cache_threshold": (0, 1), "balance_abs_threshold": (0, math.inf),
+        "balance_rel_threshold": (0, math.inf), "max_tree_blocks": (1, math.inf)}
     block_size = 16  # the engines' block size (set by the cluster runner)
 
     def __init__(self, params=None, rng=None):
