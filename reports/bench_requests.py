@@ -102,7 +102,8 @@ _ALWAYS = {
 class _View:
     """A :class:`RunResult` restricted to some requests: the measured (non-warm-up) ones, or
     one stage's. Metrics over it follow vLLM's definitions, except that ``duration`` runs from
-    the first send of its requests (not from the benchmark start) to the last completion."""
+    the first send of its requests (not from the benchmark start) until the last of them
+    ended (completed or failed: cancelled, timed out)."""
 
     def __init__(self, parent: RunResult, keep, itl: Distribution | None, meta: dict):
         self.parent = parent

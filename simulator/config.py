@@ -170,7 +170,10 @@ class ClientConfig(_Section):
     Unset keys take the value a ``kind: profile`` workload's profile gives, else none."""
 
     request_timeout_s: float | None = Field(None, gt=0, description="Client timeout per attempt, s")
-    max_retries: int | None = Field(None, ge=0, description="Re-sends after a timeout")
+    max_retries: int | None = Field(None, ge=0, le=100, description="Re-sends after a timeout")
+
+
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")  # vllm bench --percentile-metrics
 
 
 class OutputConfig(_Section):
@@ -180,13 +183,48 @@ class OutputConfig(_Section):
     metric_percentiles: str = Field("99", description="vllm bench --metric-percentiles")
     save_detailed: bool = Field(False, description="vllm bench --save-detailed arrays")
     timeseries_interval_s: float | None = Field(
-        None, gt=0, description="Sample timeseries.csv every N s (default: every engine step, "
-        "or 1 s for runs of more than 200k steps)"
+        None, ge=1e-6, le=1e8, description="Sample timeseries.csv every N s, 1 µs to 1e8 s "
+        "(default: every engine step, or 1 s for runs of more than 200k steps)"
     )
     label: str | None = None
     metadata: dict[str, str] = Field(
         default_factory=dict, description="vllm bench --metadata KEY=VALUE: string keys "
         "written into result.json right after num_prompts")
+
+    @field_validator("percentile_metrics", mode="before")
+    @classmethod
+    def _percentile_metrics(cls, v):
+        """vllm bench --percentile-metrics: a comma list of ttft, tpot, itl, e2el (vLLM
+        ignores other names silently; a typo here would drop a metric)."""
+        if not isinstance(v, str):
+            return v
+        names = [x.strip() for x in v.split(",")]
+        bad = [x for x in names if x not in PERCENTILE_METRICS]
+        if bad or not names:
+            raise ValueError(f"expected a comma list of {', '.join(PERCENTILE_METRICS)}")
+        return ",".join(names)
+
+    @field_validator("metric_percentiles", mode="before")
+    @classmethod
+    def _metric_percentiles(cls, v):
+        """vllm bench --metric-percentiles: a comma list of percentiles in [0, 100] (YAML
+        numbers and lists are taken too: 99, [50, 99])."""
+        if isinstance(v, bool):
+            return v
+        items = v if isinstance(v, list) else str(v).split(",") if isinstance(
+            v, (str, int, float)) else None
+        if items is None:
+            return v
+        out = []
+        for x in items:
+            try:
+                p = float(str(x).strip())
+            except ValueError:
+                p = math.nan
+            if not 0 <= p <= 100:  # (NaN fails too)
+                raise ValueError("expected a comma list of percentiles from 0 to 100")
+            out.append(f"{p:g}")
+        return ",".join(out)
 
     @field_validator("metadata", mode="before")
     @classmethod

@@ -93,7 +93,7 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
     """Raw engine fields of some requests → the ``RunResult.requests`` columns.
 
     TTFT = first token − send, E2EL = finish − send (client-visible times; NaN unless
-    finished stop/length), TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1,
+    finished stop/length; ``finish_s`` of a failed request is when it ended for the client), TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1,
     queue = first scheduled − queued in the engine; engine-side columns: ``ENGINE_COLUMNS``.
     Row-wise, so any window of rows gives the same values as the whole run. ``client_columns``
     adds ``stage`` (load stage index), ``warmup`` (bool: excluded from the metrics) and
@@ -130,7 +130,8 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
         "num_cached_tokens": raw["num_cached_tokens"].astype(np.int64),
         "first_scheduled_s": raw["first_scheduled_s"],
         "first_token_s": raw["first_token_s"],
-        "finish_s": np.where(ok, raw["finish_s"], np.nan),
+        # (a failed request's: when the client got its error or gave up; NaN if never)
+        "finish_s": raw["finish_s"],
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2el_s": e2el,

@@ -102,3 +102,19 @@ def test_save_detailed_writes_each_requests_itls(ov):
         flat = np.concatenate([np.asarray(x) for x in itls])
         assert b["mean_itl_ms"] == pytest.approx(1e3 * flat.mean(), rel=1e-12)
         assert b["p99_itl_ms"] == pytest.approx(1e3 * np.percentile(flat, 99), rel=1e-12)
+
+
+def test_a_staged_run_lasts_until_its_cancelled_requests_ended():
+    """One 10-s stage at concurrency 4, grace 0, 500-token outputs: 4 requests complete, the
+    4 in flight at 10 s are cancelled then; the stage (and the run) lasts until 10 s, as
+    vLLM's duration runs until every request ended, and requests.csv says when they did."""
+    r = run("workload.num_prompts=50", "workload.range_ratio=0", "workload.output_len=500",
+            "workload.stages=[{concurrency: 4, duration_s: 10, grace_s: 0}]")
+    q = r.requests
+    reasons = np.asarray(q["finished_reason"]).astype(str)
+    cancelled = reasons == "cancelled"
+    assert cancelled.sum() == 4 and (reasons == "length").sum() == 4
+    np.testing.assert_array_equal(np.asarray(q["finish_s"])[cancelled], 10.0)
+    b = compute_bench_result(r, date=DATE)
+    assert b["duration"] == 10.0
+    assert b["request_throughput"] == pytest.approx(4 / 10.0, rel=1e-12)

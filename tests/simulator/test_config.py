@@ -43,6 +43,21 @@ def test_switching_workload_kind_by_override(tmp_path):
     # a misspelt key inside a section with required fields: the unknown key is named, not
     # the field it left missing
     ("cache.kv_offload={bogus: 1}", "cache.kv_offload.bogus: unknown key"),
+    # vllm bench's percentile options: a typo silently dropped a metric, junk crashed after
+    # the simulation
+    ("output.percentile_metrics=ttft,,foo",
+     "output.percentile_metrics: expected a comma list of ttft, tpot, itl, e2el"),
+    ("output.percentile_metrics=TTFT", "output.percentile_metrics: expected a comma list"),
+    ("output.metric_percentiles=101",
+     "output.metric_percentiles: expected a comma list of percentiles from 0 to 100"),
+    ("output.metric_percentiles=nan", "output.metric_percentiles: expected a comma list"),
+    ("output.metric_percentiles=50,,abc", "output.metric_percentiles: expected a comma list"),
+    ("output.timeseries_interval_s=1e-300",
+     "output.timeseries_interval_s: input should be greater than or equal to 0.000001"),
+    ("output.timeseries_interval_s=.inf",
+     "output.timeseries_interval_s: input should be less than or equal to 100000000"),
+    ("client.max_retries=1000000000",
+     "client.max_retries: input should be less than or equal to 100"),
 ])
 def test_invalid_values_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:
@@ -181,3 +196,13 @@ def test_moe_with_data_parallel_warns_that_vllm_shards_experts_over_dp():
         "experts over all DP x TP = 4 GPUs and steps the DP ranks in lockstep")
     assert caught(mixtral) == []
     assert caught(root / "configs" / "llama8b_a100.yaml", "parallel.data_parallel_size=2") == []
+
+
+def test_percentile_options_take_vllm_spellings_and_yaml_numbers():
+    """``--metric-percentiles 99`` from YAML is a number (it was refused as not a string);
+    lists and spaces are taken and written as vLLM's comma list."""
+    out = load_config(None, ["output.metric_percentiles=99",
+                             "output.percentile_metrics=ttft, tpot"]).output
+    assert (out.metric_percentiles, out.percentile_metrics) == ("99", "ttft,tpot")
+    out = load_config(None, ["output.metric_percentiles=[50, 99.9, 0, 100]"]).output
+    assert out.metric_percentiles == "50,99.9,0,100"

@@ -78,7 +78,9 @@ def test_derive_request_columns_by_hand():
     np.testing.assert_array_equal(c["e2el_s"], [1.5, 0.25, nan, nan, 1.5])
     # TPOT = (E2EL − TTFT)/(out − 1): (1.5 − 0.5)/4, undefined for one token, (1.5 − .5)/2
     np.testing.assert_array_equal(c["tpot_s"], [0.25, nan, nan, nan, 0.5])
-    np.testing.assert_array_equal(c["finish_s"], [1.5, 0.75, nan, nan, 4.25])
+    # a failed request's finish is when it ended for the client (the rejection at 1.09375);
+    # NaN for the one still in flight
+    np.testing.assert_array_equal(c["finish_s"], [1.5, 0.75, 1.09375, nan, 4.25])
     # queue = first scheduled − queued in the engine core (send + 3/32; not arrival, for the
     # client-queued row 4)
     np.testing.assert_array_equal(c["queue_s"], [0.15625, 0.03125, nan, 0.15625, 0.15625])
