@@ -384,6 +384,8 @@ def _describe_error(err: dict) -> str:
     loc = _error_path(err)
     for kind in ("random", "trace", "synthetic", "sessions", "profile"):  # drop the union tag from paths
         loc = loc.replace(f"workload.{kind}.", "workload.")
+        if loc == f"workload.{kind}":
+            loc = "workload"
     typ = err["type"]
     inp = err.get("input")
     if typ == "extra_forbidden":
@@ -398,6 +400,8 @@ def _describe_error(err: dict) -> str:
     if typ == "value_error":  # our validators' own message: without pydantic's prefix
         msg = msg.removeprefix("Value error, ")
     msg = one_line(msg, 200)
+    if typ == "value_error" and isinstance(inp, dict):  # a section's own check: its message
+        return f"{loc}: {msg}"  # names the keys (the whole section is no useful "got")
     if typ.endswith(("_parsing", "_type")):
         return f"{loc}: {msg[0].lower() + msg[1:]}, got {short_repr(inp)}"
     return f"{loc}: {msg[0].lower() + msg[1:]} (got {short_repr(inp)})"

@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from servesim.workloads.schema import MAX_TOKENS
+from servesim.workloads.schema import MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS, MIN_RATE
 
 
 class _Section(BaseModel):
@@ -34,6 +34,33 @@ def _rate(v):
     if isinstance(v, str) and v.strip().lower() in ("inf", "+inf", "infinity"):
         return math.inf
     return v
+
+
+def _min_rate(v):
+    """A finite rate sends one request per 1/rate s at most MAX_ARRIVAL_S apart (inf is fine)."""
+    if v is not None and v < MIN_RATE:
+        raise ValueError(f"expected inf or a rate of at least {MIN_RATE:g}/s (one request per "
+                         f"{MAX_ARRIVAL_S:g} s, the longest run)")
+    return v
+
+
+def _check_span(n: int, rate: float, what: str) -> None:
+    """``n`` requests at ``rate``/s (vLLM's arrivals end at n/rate) within MAX_ARRIVAL_S."""
+    if not math.isinf(rate) and n / rate > MAX_ARRIVAL_S:
+        raise ValueError(f"{what} = {n / rate:.3g} s, longer than the longest run "
+                         f"({MAX_ARRIVAL_S:g} s); raise the rate")
+
+
+def _check_warmup(w, n: int | None, last_send_s: float | None) -> None:
+    """Refuse a warm-up that covers all ``n`` requests of an unstaged run (nothing measured)."""
+    if w is None:
+        return
+    if w.num_requests is not None and n is not None and w.num_requests >= n:
+        raise ValueError(f"warmup.num_requests ({w.num_requests}) covers all {n} requests: "
+                         "nothing would be measured")
+    if w.duration_s is not None and last_send_s is not None and w.duration_s > last_send_s:
+        raise ValueError(f"warmup.duration_s ({w.duration_s:g} s) covers the whole run (the "
+                         f"last request is sent at {last_send_s:g} s): nothing would be measured")
 
 
 LongRequests = Literal["keep", "clamp", "reject"]
@@ -52,21 +79,25 @@ class Stage(_Section):
 
     rate: float | None = Field(None, gt=0, description="Requests/s (open loop); inf = all at once")
     concurrency: PositiveInt | None = Field(None, description="Requests in flight (closed loop)")
-    duration_s: float | None = Field(None, gt=0, description="Stage length, s")
-    num_requests: PositiveInt | None = Field(None, description="Requests in the stage")
+    duration_s: float | None = Field(None, gt=0, le=MAX_ARRIVAL_S, allow_inf_nan=False,
+                                     description="Stage length, s")
+    num_requests: PositiveInt | None = Field(None, le=MAX_REQUESTS,
+                                             description="Requests in the stage")
     arrivals: Literal["poisson", "constant", "gamma", "inference-perf"] = Field(
         "poisson", description="Open-loop gaps: poisson (exponential), constant, gamma "
         "(burstiness), inference-perf (exponential gaps rescaled to end at duration_s)")
     burstiness: float = Field(1.0, gt=0, description="Gamma shape for arrivals: gamma")
     warmup: bool = Field(False, description="The whole stage is warm-up (excluded from metrics)")
     barrier: bool = Field(True, description="Start when the previous stage has drained")
-    gap_s: float = Field(0.0, ge=0, description="Idle seconds before the stage starts")
+    gap_s: float = Field(0.0, ge=0, le=MAX_ARRIVAL_S, allow_inf_nan=False,
+                         description="Idle seconds before the stage starts")
     grace_s: float | None = Field(
-        None, ge=0, description="After duration_s, cancel requests still in flight after this "
+        None, ge=0, le=MAX_ARRIVAL_S, allow_inf_nan=False, description="After duration_s, cancel requests still in flight after this "
         "many seconds (None: wait for them)")
     label: str | None = None
 
     _v_rate = field_validator("rate", mode="before")(_rate)
+    _v_min_rate = field_validator("rate")(_min_rate)
 
     @model_validator(mode="after")
     def _check(self):
@@ -76,14 +107,27 @@ class Stage(_Section):
             raise ValueError("a stage needs duration_s or num_requests")
         if (self.rate is not None and math.isinf(self.rate) and self.num_requests is None):
             raise ValueError("rate: inf needs num_requests (all are sent at once)")
+        if self.rate is not None and self.num_requests is None:
+            n = self.rate * self.duration_s  # int(rate * duration_s) requests (stages.py)
+            if n > MAX_REQUESTS:
+                raise ValueError(f"rate × duration_s = {n:.3g} requests, more than "
+                                 f"{MAX_REQUESTS:.0e} in one stage")
+            if n < 1:
+                raise ValueError(f"rate × duration_s = {self.rate:g} × {self.duration_s:g} "
+                                 "rounds to 0 requests (int(rate·duration_s)); raise rate or "
+                                 "duration_s, or give num_requests")
+        if self.rate is not None and self.num_requests is not None and self.duration_s is None:
+            _check_span(self.num_requests, self.rate, "num_requests / rate")
         return self
 
 
 class Warmup(_Section):
     """Leading requests of each stage (or of the run) excluded from the metrics."""
 
-    duration_s: float | None = Field(None, gt=0, description="Requests sent in the first s")
-    num_requests: PositiveInt | None = Field(None, description="The first N requests")
+    duration_s: float | None = Field(None, gt=0, le=MAX_ARRIVAL_S, allow_inf_nan=False,
+                                     description="Requests sent in the first s")
+    num_requests: PositiveInt | None = Field(None, le=MAX_REQUESTS,
+                                             description="The first N requests")
 
     @model_validator(mode="after")
     def _one(self):
@@ -102,6 +146,27 @@ class _Common(_Section):
         None, description="Staged load replacing the kind's arrival process (workloads/stages.py)")
     warmup: Warmup | None = Field(None, description="Leading requests excluded from the metrics")
 
+    @field_validator("stages")
+    @classmethod
+    def _some_stages(cls, v):
+        from servesim.workloads.stages import check_plan, stage_plan
+
+        if v is not None and not v:
+            raise ValueError("an empty list has no stage: list at least one, or leave stages "
+                             "out for an unstaged run")
+        if v:
+            check_plan(stage_plan(v))
+        return v
+
+    @field_validator("warmup")
+    @classmethod
+    def _warm_stages(cls, v, info):
+        from servesim.workloads.stages import check_plan, stage_plan
+
+        if v is not None and info.data.get("stages"):
+            check_plan(stage_plan(info.data["stages"]), v.model_dump(exclude_none=True))
+        return v
+
 
 class _Arrivals(_Common):
     request_rate: float = Field(
@@ -113,10 +178,13 @@ class _Arrivals(_Common):
     ramp_up_strategy: Literal["linear", "exponential"] | None = Field(
         None, description="vllm bench --ramp-up-strategy (then request_rate must stay inf)"
     )
-    ramp_up_start_rps: float | None = Field(None, gt=0, description="Requests/s at the start")
-    ramp_up_end_rps: float | None = Field(None, gt=0, description="Requests/s at the end")
+    ramp_up_start_rps: float | None = Field(None, ge=MIN_RATE, allow_inf_nan=False,
+                                            description="Requests/s at the start")
+    ramp_up_end_rps: float | None = Field(None, ge=MIN_RATE, allow_inf_nan=False,
+                                          description="Requests/s at the end")
 
     _v_rate = field_validator("request_rate", "burstiness", mode="before")(_rate)
+    _v_min_rate = field_validator("request_rate")(_min_rate)
 
     @model_validator(mode="after")
     def _check_ramp_up(self):
@@ -145,7 +213,7 @@ class RandomWorkload(_Arrivals):
     """``vllm bench serve --dataset-name random``."""
 
     kind: Literal["random"] = "random"
-    num_prompts: PositiveInt = 1000
+    num_prompts: PositiveInt = Field(1000, le=MAX_REQUESTS)
     input_len: int = Field(1024, ge=1, le=MAX_TOKENS)
     output_len: int = Field(128, ge=1, le=MAX_TOKENS)
     range_ratio: Ratio | RangeRatios = Field(
@@ -170,6 +238,10 @@ class RandomWorkload(_Arrivals):
             raise ValueError(
                 "prefix_len + floor(input_len*(1-range_ratio)) must be at least 1 (as in vLLM)"
             )
+        if not self.stages:
+            _check_span(self.num_prompts, self.request_rate, "num_prompts / request_rate")
+            _check_warmup(self.warmup, self.num_prompts, None if self.ramp_up_strategy else
+                          self.num_prompts / self.request_rate)
         return self
 
 
@@ -179,15 +251,15 @@ class RandomWorkload(_Arrivals):
 
 class FixedDist(_Section):
     dist: Literal["fixed"] = "fixed"
-    value: float = Field(..., ge=0)
+    value: float = Field(..., ge=0, allow_inf_nan=False)
 
 
 class UniformDist(_Section):
     """Integers uniform in [low, high] inclusive (reals for think times)."""
 
     dist: Literal["uniform"] = "uniform"
-    low: float = Field(..., ge=0)
-    high: float = Field(..., ge=0)
+    low: float = Field(..., ge=0, allow_inf_nan=False)
+    high: float = Field(..., ge=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _order(self):
@@ -200,15 +272,15 @@ class LognormalDist(_Section):
     """exp(N(ln median, sigma²)), rounded, clipped to [min, max]."""
 
     dist: Literal["lognormal"] = "lognormal"
-    median: float = Field(..., gt=0)
-    sigma: float = Field(..., ge=0)
-    min: float = Field(1, ge=0)
-    max: float | None = Field(None, gt=0)
+    median: float = Field(..., gt=0, allow_inf_nan=False)
+    sigma: float = Field(..., ge=0, allow_inf_nan=False)
+    min: float = Field(1, ge=0, allow_inf_nan=False)
+    max: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 class ExponentialDist(_Section):
     dist: Literal["exponential"] = "exponential"
-    mean: float = Field(..., gt=0)
+    mean: float = Field(..., gt=0, allow_inf_nan=False)
 
 
 class EmpiricalDist(_Section):
@@ -220,11 +292,36 @@ class EmpiricalDist(_Section):
     column: Literal["prompt_len", "output_len"] = "prompt_len"
 
 
+_DIST_FORMS = ("a number or a distribution {dist: fixed|uniform|lognormal|exponential|"
+               "empirical, ...}")
+
+
 def _shorthand(v):
-    """A bare number means ``{dist: fixed, value: N}``."""
+    """A bare number (also a string YAML 1.1 leaves unparsed: ``1e9``) means
+    ``{dist: fixed, value: N}``."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise ValueError(f"expected {_DIST_FORMS}") from None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return {"dist": "fixed", "value": v}
+    if not isinstance(v, (dict, BaseModel)):
+        raise ValueError(f"expected {_DIST_FORMS}")  # noqa: TRY004 (pydantic reports ValueError)
     return v
+
+
+def _dist_limit(limit: float, unit: str):
+    """A validator: the distribution's scale (fixed value, uniform high, lognormal median /
+    min / max, exponential mean) at most ``limit`` (samples are clipped to it as well)."""
+    def check(d):
+        for k in ("value", "high", "median", "min", "max", "mean"):
+            x = getattr(d, k, None)
+            if x is not None and x > limit:
+                top = f"{limit:g}" if float(f"{limit:g}") == limit else str(int(limit))
+                raise ValueError(f"{k}: {x:g} is more than {top} {unit}")
+        return d
+    return check
 
 
 LengthDist = Annotated[
@@ -252,10 +349,10 @@ class RateProfile(_Section):
 
     kind: Literal["piecewise", "diurnal"] = "piecewise"
     points: list[tuple[float, float]] = Field(default_factory=list)
-    period_s: float = Field(86400.0, gt=0)
+    period_s: float = Field(86400.0, gt=0, le=MAX_ARRIVAL_S, allow_inf_nan=False)
     amplitude: float = Field(0.5, ge=0, lt=1)
-    phase: float = 0.0
-    resolution_s: float = Field(60.0, gt=0)
+    phase: float = Field(0.0, allow_inf_nan=False)
+    resolution_s: float = Field(60.0, gt=0, le=MAX_ARRIVAL_S, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _check(self):
@@ -267,6 +364,10 @@ class RateProfile(_Section):
                 raise ValueError("points must start at t_s=0 and increase")
             if any(r < 0 for _, r in self.points) or not any(r > 0 for _, r in self.points):
                 raise ValueError("rates must be >= 0 and not all 0")
+            if any(not math.isfinite(t) or t > MAX_ARRIVAL_S or not math.isfinite(r)
+                   or 0 < r < MIN_RATE for t, r in self.points):
+                raise ValueError(f"points: times must be finite and at most {MAX_ARRIVAL_S:g} s, "
+                                 f"rates finite and 0 or at least {MIN_RATE:g}/s")
         return self
 
 
@@ -274,7 +375,7 @@ class SyntheticWorkload(_Common):
     """Length distributions, shared-prefix groups and a (time-varying) Gamma arrival process."""
 
     kind: Literal["synthetic"] = "synthetic"
-    num_prompts: PositiveInt = 1000
+    num_prompts: PositiveInt = Field(1000, le=MAX_REQUESTS)
     request_rate: float = Field(math.inf, gt=0, description="Mean requests/s (scaled by profile)")
     burstiness: float = Field(1.0, gt=0)
     rate_profile: RateProfile | None = None
@@ -283,6 +384,16 @@ class SyntheticWorkload(_Common):
     prefix_groups: PrefixGroups | None = None
 
     _v_rate = field_validator("request_rate", "burstiness", mode="before")(_rate)
+    _v_min_rate = field_validator("request_rate")(_min_rate)
+    _v_lengths = field_validator("input", "output")(_dist_limit(MAX_TOKENS, "tokens"))
+
+    @model_validator(mode="after")
+    def _check_run(self):
+        if not self.stages:
+            _check_span(self.num_prompts, self.request_rate, "num_prompts / request_rate")
+            _check_warmup(self.warmup, self.num_prompts, None if self.rate_profile else
+                          self.num_prompts / self.request_rate)
+        return self
 
 
 class SessionsWorkload(_Common):
@@ -290,11 +401,12 @@ class SessionsWorkload(_Common):
     tokens, ``think_time_s`` after turn k finishes (closed loop, applied by the engine)."""
 
     kind: Literal["sessions"] = "sessions"
-    num_sessions: PositiveInt = 100
+    num_sessions: PositiveInt = Field(100, le=MAX_REQUESTS)
     session_rate: float = Field(math.inf, gt=0, description="New sessions/s (vLLM Gamma process)")
     burstiness: float = Field(1.0, gt=0)
     turns: LengthDist = Field(default_factory=lambda: FixedDist(value=4))
-    system_prompt_len: int = Field(0, ge=0, description="Tokens shared by every session")
+    system_prompt_len: int = Field(0, ge=0, le=MAX_TOKENS,
+                                   description="Tokens shared by every session")
     first_input: LengthDist = Field(default_factory=lambda: FixedDist(value=256))
     user_input: LengthDist = Field(default_factory=lambda: FixedDist(value=64))
     output: LengthDist = Field(default_factory=lambda: FixedDist(value=128))
@@ -304,6 +416,23 @@ class SessionsWorkload(_Common):
     )
 
     _v_rate = field_validator("session_rate", "burstiness", mode="before")(_rate)
+    _v_min_rate = field_validator("session_rate")(_min_rate)
+    _v_lengths = field_validator("turns", "first_input", "user_input", "output")(
+        _dist_limit(MAX_TOKENS, "tokens"))
+    _v_think = field_validator("think_time_s")(_dist_limit(MAX_ARRIVAL_S, "s"))
+
+    @field_validator("turns")
+    @classmethod
+    def _one_turn(cls, v):
+        if (isinstance(v, FixedDist) and v.value < 1) or (isinstance(v, UniformDist)
+                                                           and v.high < 1):
+            raise ValueError("a session has at least 1 turn")
+        return v
+
+    @model_validator(mode="after")
+    def _check_sessions(self):
+        _check_span(self.num_sessions, self.session_rate, "num_sessions / session_rate")
+        return self
 
 
 TraceFormat = Literal[
@@ -369,6 +498,13 @@ class ProfileWorkload(_Common):
 
     _v_rates = field_validator("sweep_rates", mode="before")(
         lambda v: [_rate(x) for x in v] if isinstance(v, list) else v)
+
+    @field_validator("sweep_rates")
+    @classmethod
+    def _finite_rates(cls, v):
+        if v is not None and not all(math.isfinite(r) and r >= MIN_RATE for r in v):
+            raise ValueError(f"expected finite rates of at least {MIN_RATE:g}/s")
+        return v
 
 
 WorkloadConfig = Annotated[

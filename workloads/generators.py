@@ -26,7 +26,7 @@ from servesim.workloads.config import (
     SyntheticWorkload,
     UniformDist,
 )
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.schema import MAX_ARRIVAL_S, MAX_TOKENS, RequestSpec
 
 RANDOM_PREFIX_BASE = 1 << 56
 SYNTHETIC_GROUP_BASE = 2 << 56
@@ -107,7 +107,8 @@ def random_requests(cfg: RandomWorkload, block_size: int) -> Iterator[RequestSpe
 
 class LengthSampler:
     """Draws from a config length distribution with its own Generator (tokens, rounded ≥ 1
-    unless ``integer=False``, e.g. think times in seconds)."""
+    unless ``integer=False``, e.g. think times in seconds). Draws are clipped to MAX_TOKENS
+    (integers) or MAX_ARRIVAL_S seconds (a lognormal tail of a huge sigma overflows)."""
 
     def __init__(self, dist, rng: np.random.Generator, integer: bool = True, minimum: int = 1):
         self.dist, self.rng, self.integer, self.minimum = dist, rng, integer, minimum
@@ -130,7 +131,8 @@ class LengthSampler:
             else:
                 x = rng.uniform(d.low, d.high, size=k)
         elif isinstance(d, LognormalDist):
-            x = np.exp(rng.normal(math.log(d.median), d.sigma, size=k))
+            with np.errstate(over="ignore"):  # inf, clipped below
+                x = np.exp(rng.normal(math.log(d.median), d.sigma, size=k))
             x = np.clip(x, d.min, d.max if d.max is not None else np.inf)
         elif isinstance(d, ExponentialDist):
             x = rng.exponential(d.mean, size=k)
@@ -139,8 +141,8 @@ class LengthSampler:
         else:  # pragma: no cover
             raise TypeError(d)
         if self.integer:
-            return np.maximum(np.rint(x), self.minimum).astype(np.int64)
-        return x
+            return np.clip(np.rint(x), self.minimum, MAX_TOKENS).astype(np.int64)
+        return np.minimum(x, MAX_ARRIVAL_S)
 
 
 # --------------------------------------------------------------------------------------------

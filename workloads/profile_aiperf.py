@@ -9,8 +9,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from servesim.workloads.profile_common import ProfileSpec, _get, _group_ids, _num, _requests
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.profile_common import (
+    MAX_TABLE,
+    ProfileSpec,
+    _get,
+    _group_ids,
+    _pos,
+    _requests,
+    _stage,
+    _tokens,
+)
+from servesim.workloads.schema import MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS, RequestSpec
 
 
 def _aiperf_dist(v: Any, where: str) -> dict | None:
@@ -19,11 +28,14 @@ def _aiperf_dist(v: Any, where: str) -> dict | None:
     if v is None:
         return None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return {"mean": float(v), "stddev": 0.0}
+        return {"mean": float(_tokens(round(v) if math.isfinite(v) else v, where)),
+                "stddev": 0.0}
     if isinstance(v, dict):
+        mean = _pos(v.get("mean", 0), f"{where}.mean", zero=True, hi=MAX_TOKENS)
         if "median" in v:
-            return {"mean": float(v["mean"]), "median": float(v["median"])}
-        return {"mean": float(v.get("mean", 0)), "stddev": float(v.get("stddev", 0) or 0)}
+            return {"mean": mean, "median": _pos(v["median"], f"{where}.median", hi=MAX_TOKENS)}
+        return {"mean": mean, "stddev": _pos(v.get("stddev", 0) or 0, f"{where}.stddev",
+                                             zero=True, hi=MAX_TOKENS)}
     raise ValueError(f"{where}: expected a number or {{mean, stddev}}, got {v!r}")
 
 
@@ -36,7 +48,7 @@ def _aiperf_sample(d: dict, n: int, rng: np.random.Generator) -> np.ndarray:
         x = np.abs(rng.normal(d["mean"], d["stddev"], size=n))  # truncated at 0 (resampled ≈)
     else:
         x = np.full(n, d["mean"])
-    return np.maximum(np.rint(x), 1).astype(np.int64)
+    return np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)
 
 
 def _aiperf_phase(ph: dict, where: str) -> dict:
@@ -46,13 +58,14 @@ def _aiperf_phase(ph: dict, where: str) -> dict:
     dur = _get(ph, "duration", "benchmark_duration")
     conc = _get(ph, "concurrency")
     if reqs is not None:
-        st["num_requests"] = int(reqs)
+        st["num_requests"] = _pos(reqs, f"{where}.requests", integer=True, hi=MAX_REQUESTS)
     if dur is not None:
-        st["duration_s"] = _num(dur, f"{where}.duration")
+        st["duration_s"] = _pos(dur, f"{where}.duration", hi=MAX_ARRIVAL_S)
         grace = _get(ph, "grace_period", "benchmark_grace_period")
-        st["grace_s"] = _num(grace, f"{where}.grace_period") if grace is not None else 30.0
+        st["grace_s"] = (_pos(grace, f"{where}.grace_period", zero=True, hi=MAX_ARRIVAL_S)
+                         if grace is not None else 30.0)
     if conc is not None:
-        st["concurrency"] = int(conc)
+        st["concurrency"] = _pos(conc, f"{where}.concurrency", integer=True)
     if ptype == "concurrency":
         if conc is None:
             st["concurrency"] = 1
@@ -60,10 +73,10 @@ def _aiperf_phase(ph: dict, where: str) -> dict:
         rate = _get(ph, "rate", "request_rate")
         if rate is None:
             raise ValueError(f"{where}.rate: required for a {ptype} phase")
-        st["rate"] = _num(rate, f"{where}.rate")
+        st["rate"] = _pos(rate, f"{where}.rate")
         st["arrivals"] = {"request_rate": "poisson"}.get(ptype, ptype)
         if ptype == "gamma":
-            st["burstiness"] = float(_get(ph, "smoothness", default=1.0))
+            st["burstiness"] = _pos(_get(ph, "smoothness", default=1.0), f"{where}.smoothness")
     else:
         raise ValueError(f"{where}.type: {ptype!r} is not supported (concurrency, poisson, "
                          "constant, gamma)")
@@ -71,7 +84,7 @@ def _aiperf_phase(ph: dict, where: str) -> dict:
         st["warmup"] = True
     if "num_requests" not in st and "duration_s" not in st:
         raise ValueError(f"{where}: needs requests or duration")
-    return st
+    return _stage(st, where)
 
 
 def _aiperf(doc: dict, seed: int | None, fmt: str) -> ProfileSpec:
@@ -88,7 +101,7 @@ def _aiperf(doc: dict, seed: int | None, fmt: str) -> ProfileSpec:
         b = bench if isinstance(bench, dict) else doc
         ep = b.get("endpoint") or {}
         if isinstance(ep, dict) and ep.get("timeout") is not None:
-            client["request_timeout_s"] = _num(ep["timeout"], "benchmark.endpoint.timeout")
+            client["request_timeout_s"] = _pos(ep["timeout"], "benchmark.endpoint.timeout")
         ds = b.get("dataset") if b.get("dataset") is not None else b.get("datasets")
         if isinstance(ds, list):
             ds = ds[0] if ds else {}
@@ -100,7 +113,9 @@ def _aiperf(doc: dict, seed: int | None, fmt: str) -> ProfileSpec:
         osl = _aiperf_dist(_get(ds, "osl", default=prompts.get("osl")), "dataset.osl")
         pp = _get(ds, "prefix_prompts", default=None) or _get(prompts, "prefix_prompts") or {}
         if pp:
-            prefix = (int(_get(pp, "pool_size", default=0) or 0), int(_get(pp, "length", default=0)))
+            prefix = (_pos(_get(pp, "pool_size", default=0) or 0, "prefix_prompts.pool_size",
+                           integer=True, zero=True, hi=MAX_TABLE),
+                      _tokens(_get(pp, "length", default=0), "prefix_prompts.length"))
         entries = _get(ds, "entries", default=None)
         phases = b.get("phases")
         if isinstance(phases, dict):
@@ -128,13 +143,14 @@ def _aiperf(doc: dict, seed: int | None, fmt: str) -> ProfileSpec:
         osl = _aiperf_dist(prm.get("output_tokens") or inp.get("output_tokens"), "output tokens")
         pfx = prm.get("prefix_prompt") or inp.get("prefix_prompt") or {}
         if pfx:
-            prefix = (int(_get(pfx, "pool_size", "num", default=0) or 0),
-                      int(_get(pfx, "length", default=0) or 0))
+            prefix = (_pos(_get(pfx, "pool_size", "num", default=0) or 0, "prefix_prompt.num",
+                           integer=True, zero=True, hi=MAX_TABLE),
+                      _tokens(_get(pfx, "length", default=0) or 0, "prefix_prompt.length"))
         entries = _get(inp, "num_dataset_entries", "conversation_num", default=None)
         rseed = _get(inp, "random_seed", default=rseed)
         to = _get(doc.get("endpoint") or {}, "timeout_seconds", "timeout", default=None)
         if to is not None:
-            client["request_timeout_s"] = float(to)
+            client["request_timeout_s"] = _pos(to, "endpoint.timeout")
         stages = _flat_stages(conc, rate, count, dur, warm, lg.get("benchmark_grace_period"))
     else:  # flat CLI options (genai-perf's input_config, AIPerf CLI flags as a mapping)
         isl = _aiperf_dist(_get(doc, "synthetic_input_tokens_mean", "isl") if not isinstance(
@@ -146,11 +162,13 @@ def _aiperf(doc: dict, seed: int | None, fmt: str) -> ProfileSpec:
             osl["stddev"] = float(_get(doc, "output_tokens_stddev"))
         n_pfx = _get(doc, "num_prefix_prompts", "prefix_prompt_pool_size", default=0)
         if n_pfx:
-            prefix = (int(n_pfx), int(_get(doc, "prefix_prompt_length", default=100)))
+            prefix = (_pos(n_pfx, "num_prefix_prompts", integer=True, hi=MAX_TABLE),
+                      _tokens(_get(doc, "prefix_prompt_length", default=100),
+                              "prefix_prompt_length"))
         entries = _get(doc, "num_dataset_entries", "conversation_num", default=None)
         to = _get(doc, "request_timeout_seconds", "timeout", default=None)
         if to is not None:
-            client["request_timeout_s"] = float(to)
+            client["request_timeout_s"] = _pos(to, "endpoint.timeout")
         stages = _flat_stages(_get(doc, "concurrency"), _get(doc, "request_rate"),
                               _get(doc, "request_count"), _get(doc, "benchmark_duration"),
                               _get(doc, "warmup_request_count", default=0),
@@ -161,7 +179,8 @@ def _aiperf(doc: dict, seed: int | None, fmt: str) -> ProfileSpec:
         raise ValueError("output lengths: give osl / output_tokens_mean (without it the server "
                          "decides when to stop, which a simulation cannot know)")
     rs = int(seed if seed is not None else (rseed if rseed is not None else 0))
-    n_entries = int(entries) if entries else 0
+    n_entries = (_pos(entries, "dataset entries", integer=True, hi=MAX_TABLE)
+                 if entries is not None else 0)
 
     def source(k: int, block_size: int) -> Iterator[RequestSpec]:
         rng = np.random.default_rng(np.random.SeedSequence([rs, 4242]))
@@ -192,22 +211,27 @@ def _flat_stages(conc, rate, count, dur, warm, grace) -> list[dict]:
     load. perf_analyzer's default measurement: 10 requests per unit of concurrency (at least
     10)."""
     base: dict = {}
+    if conc is not None:
+        conc = _pos(conc, "concurrency", integer=True)
     if rate is not None:
-        base = {"rate": float(rate), "arrivals": "poisson"}
+        base = {"rate": _pos(rate, "request_rate"), "arrivals": "poisson"}
         if conc is not None:
-            base["concurrency"] = int(conc)
+            base["concurrency"] = conc
     else:
-        base = {"concurrency": int(conc or 1)}
+        base = {"concurrency": conc or 1}
     stages = []
+    warm = _pos(warm or 0, "warmup_request_count", integer=True, zero=True, hi=MAX_REQUESTS)
     if warm:
-        stages.append({**base, "num_requests": int(warm), "warmup": True, "label": "warmup"})
+        stages.append(_stage({**base, "num_requests": warm, "warmup": True, "label": "warmup"},
+                             "warmup"))
     prof = {**base, "label": "profiling"}
     if dur is not None:
-        prof["duration_s"] = float(dur)
-        prof["grace_s"] = float(grace) if grace is not None else 30.0
+        prof["duration_s"] = _pos(dur, "benchmark_duration", hi=MAX_ARRIVAL_S)
+        prof["grace_s"] = (_pos(grace, "benchmark_grace_period", zero=True, hi=MAX_ARRIVAL_S)
+                           if grace is not None else 30.0)
     if count is not None:
-        prof["num_requests"] = int(count)
+        prof["num_requests"] = _pos(count, "request_count", integer=True, hi=MAX_REQUESTS)
     if dur is None and count is None:
-        prof["num_requests"] = max(10, 10 * int(conc or 1))
-    stages.append(prof)
+        prof["num_requests"] = max(10, 10 * (conc or 1))
+    stages.append(_stage(prof, "profiling"))
     return stages

@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.schema import MAX_TOKENS, RequestSpec
 
 PROFILE_PREFIX_BASE = 6 << 56  # + (group << 24) + block: shared system prompts of profiles
+MAX_TABLE = 1_000_000  # prompts (or prefix-pool entries) a profile's data may hold in memory
 
 
 @dataclass
@@ -44,6 +45,42 @@ def _num(v: Any, where: str) -> float:
         if v.strip().lower() in ("inf", "infinity"):
             return math.inf
     raise ValueError(f"{where}: expected a number, got {v!r}")
+
+
+def _pos(v: Any, where: str, *, integer: bool = False, zero: bool = False,
+         hi: float | None = None) -> Any:
+    """``_num(v)``, refused (one line naming ``where``) unless finite, > 0 (>= 0 with
+    ``zero``), at most ``hi``, and whole with ``integer``."""
+    x = _num(v, where)
+    if not (math.isfinite(x) and (x >= 0 if zero else x > 0) and (hi is None or x <= hi)
+            and (not integer or x == int(x))):
+        top = "" if hi is None else f" and <= {hi:g}" if float(f"{hi:g}") == hi else \
+            f" and <= {int(hi)}"
+        raise ValueError(f"{where}: expected a {'whole ' if integer else ''}number "
+                         f"{'>= 0' if zero else '> 0'}{top}, got {v!r}")
+    return int(x) if integer else x
+
+
+def _tokens(v: Any, where: str) -> int:
+    """A token count: a whole number in 0..MAX_TOKENS."""
+    return _pos(v, where, integer=True, zero=True, hi=MAX_TOKENS)
+
+
+def _stage(st: dict, where: str) -> dict:
+    """``st`` (Stage fields) checked as a ``workload.stages`` entry is; a ValueError naming
+    ``where`` (the profile's key for the stage) and the field otherwise."""
+    from pydantic import ValidationError
+    from servesim.workloads.config import Stage
+
+    try:
+        Stage.model_validate(st)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}{': ' + loc if loc else ''}: {msg[0].lower() + msg[1:]}"
+                         + (f" (got {err['input']!r})" if loc else "")) from None
+    return st
 
 
 def _get(d: dict, *names: str, default=None):

@@ -10,8 +10,16 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from servesim.workloads.profile_common import ProfileSpec, _group_ids, _requests
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.profile_common import (
+    MAX_TABLE,
+    ProfileSpec,
+    _group_ids,
+    _pos,
+    _requests,
+    _stage,
+    _tokens,
+)
+from servesim.workloads.schema import MAX_ARRIVAL_S, MAX_REQUESTS, RequestSpec
 
 
 class IntegerRangeSampler:
@@ -137,15 +145,18 @@ def _guidellm_spec(doc: dict) -> tuple[list[dict], list[str]]:
 
 
 def _guidellm_limits(b: dict) -> tuple[float | None, int | None]:
+    """GuideLLM's max_duration seconds / max_requests count (both must be > 0 there)."""
     secs = reqs = None
-    for c in b.get("constraints") or []:
+    for i, c in enumerate(b.get("constraints") or []):
         kind = c.get("kind")
         if kind == "max_duration":
             v = c.get("seconds")
-            secs = float(v[0] if isinstance(v, list) else v)
+            secs = _pos(v[0] if isinstance(v, list) else v, f"constraints[{i}].seconds",
+                        hi=MAX_ARRIVAL_S)
         elif kind in ("max_requests", "min_requests"):
             v = c.get("count", c.get("value"))
-            reqs = int(v[0] if isinstance(v, list) else v)
+            reqs = _pos(v[0] if isinstance(v, list) else v, f"constraints[{i}].count",
+                        integer=True, hi=MAX_REQUESTS)
     return secs, reqs
 
 
@@ -175,6 +186,9 @@ def _guidellm_warmup(p: dict, secs, reqs) -> dict | None:
 def _guidellm(doc: dict, seed: int | None, select: list[int] | None,
               sweep_rates: list[float] | None) -> ProfileSpec:
     benches, ignored = _guidellm_spec(doc)
+    if select is not None and (not select or any(not 0 <= i < len(benches) for i in select)):
+        raise ValueError(f"benchmarks: {select} selects no benchmark or one that does not exist "
+                         f"(the profile has {len(benches)}: indices 0..{len(benches) - 1})")
     notes: list[str] = []
     stages: list[dict] = []
     warmup = None
@@ -208,13 +222,15 @@ def _guidellm(doc: dict, seed: int | None, select: list[int] | None,
         elif kind == "concurrent":
             streams = p.get("streams")
             streams = streams if isinstance(streams, list) else [streams]
-            one = [{"concurrency": int(s), "label": f"concurrent@{int(s)}"} for s in streams]
+            streams = [_pos(s, "profile.streams", integer=True) for s in streams]
+            one = [{"concurrency": s, "label": f"concurrent@{s}"} for s in streams]
         elif kind == "throughput":
             one = [{"concurrency": int(mc or 512), "label": "throughput"}]
         elif kind in ("constant", "poisson", "async"):
             rates = p.get("rate")
             rates = rates if isinstance(rates, list) else [rates]
             arr = "poisson" if kind == "poisson" else "constant"
+            rates = [_pos(r, "profile.rate") for r in rates]
             one = [{"rate": float(r), "concurrency": mc, "arrivals": arr,
                     "label": f"{'poisson' if arr == 'poisson' else 'constant'}@{float(r):g}"}
                    for r in rates]
@@ -241,7 +257,7 @@ def _guidellm(doc: dict, seed: int | None, select: list[int] | None,
                 st.pop("rate", None)
             if st.get("concurrency") is None:
                 st.pop("concurrency", None)
-            stages.append({**st, **limit})
+            stages.append(_stage({**st, **limit}, f"benchmark {bi} ({st['label']})"))
         data = b.get("data") or []
         if isinstance(data, dict):
             data = [data]
@@ -264,10 +280,32 @@ def _guidellm(doc: dict, seed: int | None, select: list[int] | None,
         ignored.append("data.turns")
     if "prompt_tokens" not in d:
         raise ValueError("data.prompt_tokens: required")
+    for k in ("prompt_tokens", "prompt_tokens_stdev", "prompt_tokens_min", "prompt_tokens_max",
+              "output_tokens", "output_tokens_stdev", "output_tokens_min", "output_tokens_max"):
+        if d.get(k) is not None:
+            _tokens(d[k], f"data.{k}")
+    for k in ("prompt_tokens", "output_tokens"):
+        if d.get(k):
+            r = IntegerRangeSampler(int(d[k]), d.get(f"{k}_stdev"), d.get(f"{k}_min"),
+                                    d.get(f"{k}_max"), 0)
+            if r.lo > r.hi:
+                raise ValueError(f"data.{k}_min {r.lo} > {k}_max {r.hi} (with {k} {d[k]} and "
+                                 f"{k}_stdev {d.get(f'{k}_stdev')})")
     buckets = d.get("prefix_buckets")
     if buckets is None and (d.get("prefix_count") or d.get("prefix_tokens")):
         buckets = [{"bucket_weight": 100, "prefix_count": int(d.get("prefix_count") or 1),
                     "prefix_tokens": int(d.get("prefix_tokens") or 0)}]
+    if buckets:
+        for i, b in enumerate(buckets):
+            _pos(b.get("prefix_count"), f"data.prefix_buckets[{i}].prefix_count", integer=True,
+                 hi=MAX_TABLE)
+            _pos(b.get("bucket_weight", 100), f"data.prefix_buckets[{i}].bucket_weight",
+                 integer=True, hi=MAX_TABLE)
+            _tokens(b.get("prefix_tokens", 0), f"data.prefix_buckets[{i}].prefix_tokens")
+        lcm = math.lcm(*(int(b["prefix_count"]) for b in buckets))
+        if lcm * sum(int(b.get("bucket_weight", 100)) for b in buckets) > MAX_TABLE:
+            raise ValueError(f"data.prefix_buckets: the weighted prefix pool holds more than "
+                             f"{MAX_TABLE:g} entries (lcm of prefix_count × bucket weights)")
 
     def source(k: int, block_size: int) -> Iterator[RequestSpec]:
         s = seed_value + k  # GuideLLM re-iterates its dataset per benchmark: seed + iteration

@@ -9,8 +9,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from servesim.workloads.profile_common import ProfileSpec, _get, _group_ids, _num, _requests
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.profile_common import (
+    MAX_TABLE,
+    ProfileSpec,
+    _get,
+    _group_ids,
+    _num,
+    _pos,
+    _requests,
+    _stage,
+    _tokens,
+)
+from servesim.workloads.schema import MAX_ARRIVAL_S, RequestSpec
 
 _IP_QUIET = {"api", "server", "tokenizer", "storage", "report", "metrics", "circuit_breakers",
              "type"}
@@ -57,6 +67,24 @@ def _ip_lengths(dist: Any, count: int, rng: np.random.Generator, *, legacy: bool
     return np.clip(np.round(np.clip(x, lo, hi)).astype(np.int64), lo, hi)
 
 
+def _check_dist(dist: Any, where: str) -> None:
+    """A length: a token count, or a Distribution whose min / max / mean are token counts
+    (the draws are clipped to [min, max]) and std_dev / variance / skew finite numbers."""
+    if not isinstance(dist, dict):
+        _tokens(dist, where)
+        return
+    for k in ("min", "max", "mean"):
+        if dist.get(k) is not None:
+            _tokens(dist[k], f"{where}.{k}")
+    for k in ("std_dev", "variance"):
+        if dist.get(k) is not None:
+            _pos(dist[k], f"{where}.{k}", zero=True)
+    if dist.get("skew") is not None and not math.isfinite(_num(dist["skew"], f"{where}.skew")):
+        raise ValueError(f"{where}.skew: expected a finite number, got {dist['skew']!r}")
+    if int(dist.get("min", 10)) > int(dist.get("max", 1024)):
+        raise ValueError(f"{where}: min {dist.get('min', 10)} > max {dist.get('max', 1024)}")
+
+
 def shared_prefix_table(sp: dict, block_size: int) -> list[tuple[int, int, tuple | None]]:
     """inference-perf ``SharedPrefixDataGenerator``: ``num_groups`` system prompts (one length
     each), ``num_prompts_per_group`` questions per group (lengths and output lengths drawn
@@ -67,10 +95,13 @@ def shared_prefix_table(sp: dict, block_size: int) -> list[tuple[int, int, tuple
     shuffle is a permutation of our own (``default_rng(seed)`` after the length draws):
     inference-perf draws its permutation after tokenizer-dependent token sampling, which
     cannot be replayed without the tokenizer."""
-    groups = int(_get(sp, "num_groups", "num_unique_system_prompts", default=10))
-    per = int(_get(sp, "num_prompts_per_group", "num_users_per_system_prompt", default=10))
-    if groups < 1 or per < 1:
-        raise ValueError("data.shared_prefix: num_groups and num_prompts_per_group must be >= 1")
+    groups = _pos(_get(sp, "num_groups", "num_unique_system_prompts", default=10),
+                  "data.shared_prefix.num_groups", integer=True)
+    per = _pos(_get(sp, "num_prompts_per_group", "num_users_per_system_prompt", default=10),
+               "data.shared_prefix.num_prompts_per_group", integer=True)
+    if groups * per > MAX_TABLE:
+        raise ValueError(f"data.shared_prefix: num_groups × num_prompts_per_group = "
+                         f"{groups * per:g} prompts, more than {MAX_TABLE:g}")
     seed = sp.get("seed")
     rng = np.random.default_rng(seed if seed is not None else 0)
     sys_d = sp.get("system_prompt_len", 100)
@@ -80,6 +111,8 @@ def shared_prefix_table(sp: dict, block_size: int) -> list[tuple[int, int, tuple
         q_d = sp["question_distribution"]
     if not isinstance(o_d, dict) and sp.get("output_distribution") is not None:
         o_d = sp["output_distribution"]
+    for d, k in ((sys_d, "system_prompt_len"), (q_d, "question_len"), (o_d, "output_len")):
+        _check_dist(d, f"data.shared_prefix.{k}")
     sys_lens = _ip_lengths(sys_d, groups, rng, legacy=False).tolist()
     q, o = [], []
     for _ in range(groups):
@@ -100,25 +133,31 @@ def _inference_perf(doc: dict, seed: int | None) -> ProfileSpec:
     if load.get("sweep"):
         raise ValueError("load.sweep: the saturation probe is not replayed; list the stages "
                          "(load.stages) or use simulate sweep")
-    interval = float(load.get("interval", 1.0))
+    interval = _pos(load.get("interval", 1.0), "load.interval", zero=True, hi=MAX_ARRIVAL_S)
     stages = []
     for i, st in enumerate(load.get("stages") or []):
         where = f"load.stages[{i}]"
         gap = 0.0 if i == 0 else interval + 1.0  # sleep(interval), then the timer's 1-s head start
         if ltype == "concurrent":
-            stages.append({"concurrency": int(st["concurrency_level"]),
-                           "num_requests": int(st["num_requests"]), "gap_s": gap})
+            stages.append(_stage({
+                "concurrency": _pos(st["concurrency_level"], f"{where}.concurrency_level",
+                                    integer=True),
+                "num_requests": _pos(st["num_requests"], f"{where}.num_requests", integer=True),
+                "gap_s": gap}, where))
         else:
-            rate, dur = _num(st["rate"], f"{where}.rate"), _num(st["duration"], f"{where}.duration")
-            stages.append({"rate": rate, "duration_s": dur, "gap_s": gap,
-                           "arrivals": "inference-perf" if ltype == "constant" else "poisson"})
+            rate = _pos(st["rate"], f"{where}.rate")
+            dur = _pos(st["duration"], f"{where}.duration", hi=MAX_ARRIVAL_S)
+            stages.append(_stage({"rate": rate, "duration_s": dur, "gap_s": gap, "arrivals":
+                                  "inference-perf" if ltype == "constant" else "poisson"}, where))
     workers, per_worker = load.get("num_workers"), load.get("worker_max_concurrency")
     max_conc = None
     if ltype != "concurrent" and workers is not None:
-        max_conc = int(workers) * int(per_worker if per_worker is not None else 100)
+        max_conc = _pos(workers, "load.num_workers", integer=True) * _pos(
+            per_worker if per_worker is not None else 100, "load.worker_max_concurrency",
+            integer=True)
     client = {}
     if load.get("request_timeout") is not None:
-        client["request_timeout_s"] = float(load["request_timeout"])
+        client["request_timeout_s"] = _pos(load["request_timeout"], "load.request_timeout")
     base_seed = load.get("base_seed", seed if seed is not None else 0)
     dtype = str(data.get("type", "mock"))
     ignored = [f"load.{k}" for k in load if k not in {
@@ -137,6 +176,8 @@ def _inference_perf(doc: dict, seed: int | None) -> ProfileSpec:
         if sp.get("multimodal"):
             ignored.append("data.shared_prefix.multimodal")
 
+        shared_prefix_table(sp, 16)  # its errors now, not when the run starts
+
         def source(k: int, block_size: int) -> Iterator[RequestSpec]:
             return _requests(iter(shared_prefix_table(sp, block_size)))
     elif dtype in ("random", "synthetic"):
@@ -146,11 +187,15 @@ def _inference_perf(doc: dict, seed: int | None) -> ProfileSpec:
         if not isinstance(ind, dict) or not isinstance(outd, dict):
             raise ValueError(f"data: type {dtype} needs input_distribution and "
                              "output_distribution")
-        n_in = int(ind.get("total_count") or 0)
-        n_out = int(outd.get("total_count") or 0)
-        if n_in < 1 or n_out < 1:
+        if not ind.get("total_count") or not outd.get("total_count"):
             raise ValueError("data.input_distribution / output_distribution: total_count is "
                              "required")
+        n_in = _pos(ind["total_count"], "data.input_distribution.total_count", integer=True,
+                    hi=MAX_TABLE)
+        n_out = _pos(outd["total_count"], "data.output_distribution.total_count", integer=True,
+                     hi=MAX_TABLE)
+        _check_dist(ind, "data.input_distribution")
+        _check_dist(outd, "data.output_distribution")
 
         def source(k: int, block_size: int) -> Iterator[RequestSpec]:
             rng = np.random.default_rng(base_seed)

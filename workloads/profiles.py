@@ -143,7 +143,7 @@ def profile_workload(cfg, *, block_size: int, max_model_len: int | None, meta: d
     ``meta`` gains ``stages`` (the plan), ``warmup``, ``client`` (request_timeout_s, ...) and
     ``profile_format``."""
     from servesim.workloads import Workload, set_stage_meta
-    from servesim.workloads.stages import StageControl, stage_plan, staged_requests
+    from servesim.workloads.stages import StageControl, check_plan, stage_plan, staged_requests
 
     spec = read_profile(cfg.path, cfg.format, seed=None, benchmarks=cfg.benchmarks,
                         sweep_rates=cfg.sweep_rates)
@@ -157,6 +157,11 @@ def profile_workload(cfg, *, block_size: int, max_model_len: int | None, meta: d
         warnings.warn(f"{cfg.path}: {n}", stacklevel=2)
     stages = [s.model_dump() for s in cfg.stages] if cfg.stages else spec.stages
     plan = stage_plan(stages, restart_data=spec.restart_data and not cfg.stages)
+    warm = cfg.warmup.model_dump(exclude_none=True) if cfg.warmup is not None else spec.warmup
+    try:
+        check_plan(plan, warm)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.path}: {spec.format} profile: {e}") from None
     set_stage_meta(meta, plan)
     meta["dataset_name"] = spec.format
     meta["profile_format"] = spec.format
@@ -165,7 +170,6 @@ def profile_workload(cfg, *, block_size: int, max_model_len: int | None, meta: d
     if mc is not None and meta.get("max_concurrency") is None:
         meta["max_concurrency"] = mc
     meta["client_max_concurrency"] = mc
-    warm = cfg.warmup.model_dump(exclude_none=True) if cfg.warmup is not None else spec.warmup
     if warm:
         meta["warmup"] = warm
     seed = cfg.seed

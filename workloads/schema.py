@@ -18,6 +18,12 @@ MAX_TOKENS = 2**31 - 1
 # years. A later timestamp is a typo (year 2203 for 2023) or a unit mix-up, refused where it is
 # read; a run over a longer span would only be asked for by mistake.
 MAX_ARRIVAL_S = 1e8
+# The most requests one stage, warm-up or generated run may ask for (1e8); the lowest finite
+# request rate, one request per MAX_ARRIVAL_S. Generated arrivals, stage spans, gaps and think
+# times are bounded like trace timestamps: past 1e8 s a run is a typo, and past ~1e15 s a float
+# no longer resolves the engine's millisecond steps (a run there never ends).
+MAX_REQUESTS = 100_000_000
+MIN_RATE = 1.0 / MAX_ARRIVAL_S
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
-from servesim.workloads.schema import RequestSpec
+from servesim.workloads.schema import MAX_ARRIVAL_S, RequestSpec
 
 
 def stage_plan(stages, *, restart_data: bool = False) -> list[dict]:
@@ -66,6 +66,40 @@ def stage_plan(stages, *, restart_data: bool = False) -> list[dict]:
         elif not closed and not math.isinf(rate):
             t += n / rate
     return plan
+
+
+def _length(st: dict) -> float | None:
+    """A planned stage's nominal sending time, s (None: a closed loop by count, unknown)."""
+    if st["duration_s"] is not None:
+        return st["duration_s"]
+    if st["closed"]:
+        return None
+    return 0.0 if math.isinf(st["rate"]) else st["num_requests"] / st["rate"]
+
+
+def check_plan(plan: list[dict], warmup: dict | None = None) -> None:
+    """Refuse (one-line ValueError) a plan whose nominal span (gaps, durations, num_requests /
+    rate) passes MAX_ARRIVAL_S, or where nothing would be measured: every stage is warm-up,
+    or the top-level ``warmup`` covers every measured stage whole."""
+    span = max((st["start_s"] + (_length(st) or 0.0) for st in plan), default=0.0)
+    if span > MAX_ARRIVAL_S:
+        raise ValueError(f"the stages span {span:.9g} s (gaps, durations, num_requests / rate), "
+                         f"longer than the longest run ({MAX_ARRIVAL_S:g} s)")
+    measured = [st for st in plan if not st["warmup"]]
+    if plan and not measured:
+        raise ValueError("every stage is warm-up (warmup: true): nothing would be measured")
+    n, d = (warmup or {}).get("num_requests"), (warmup or {}).get("duration_s")
+
+    def covered(st):
+        if n is not None:
+            return st["num_requests"] is not None and n >= st["num_requests"]
+        length = _length(st)
+        return d is not None and length is not None and d > length
+
+    if measured and all(covered(st) for st in measured):
+        what = f"num_requests: {n}" if n is not None else f"duration_s: {d:g}"
+        raise ValueError(f"warmup {{{what}}} covers every measured stage whole (warm-up applies "
+                         "to the leading requests of each stage): nothing would be measured")
 
 
 def _label(rate, conc) -> str:
@@ -132,8 +166,8 @@ def staged_requests(plan: list[dict], seed: int, source: Callable[[int], Iterato
             src = source(next(restarts))
         rng = np.random.default_rng(np.random.SeedSequence([seed, 7919, k]))
         if st["closed"]:
-            offsets = itertools.repeat(0.0, st["num_requests"]) if st["num_requests"] \
-                else itertools.repeat(0.0)
+            offsets = itertools.repeat(0.0, st["num_requests"]) \
+                if st["num_requests"] is not None else itertools.repeat(0.0)
         else:
             offsets = iter(stage_offsets(st, rng).tolist())
         t0 = st["start_s"]
