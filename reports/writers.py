@@ -202,6 +202,20 @@ def make_parent(path: Path) -> Path:
     return parent
 
 
+def check_writable(path: Path, what: str = "") -> Path:
+    """Create the folder ``path`` goes in and check that a file can be created there (a
+    one-line error naming ``path``: "cannot write{ the <what>} here"); returns the folder."""
+    parent = make_parent(path)
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ServesimError(f"{path}: cannot write{f' the {what}' if what else ''} here: "
+                            f"{e.strerror or e}") from None
+    return parent
+
+
 def holds_files(p: Path, overwrite: bool, what: str = "output",
                 replace: str = "pass --overwrite to replace it") -> bool:
     """Whether ``p`` is a non-empty folder (to be replaced: allowed only with ``overwrite``);

@@ -167,10 +167,7 @@ def _check_output(output: Path) -> dict | None:
     """``-o FILE``, checked before fitting: not a folder, an existing FILE a calibration
     mapping the fit can merge into, its folder creatable and writable. Returns FILE's
     content (None: a new file)."""
-    import os
-    import tempfile
-
-    from servesim.reports.writers import make_parent
+    from servesim.reports.writers import check_writable
     from servesim.simulator.config import load_yaml
     from servesim.simulator.errors import ServesimError, path_is_dir, path_is_file
     from servesim.simulator.fit import check_calibration_doc
@@ -180,14 +177,7 @@ def _check_output(output: Path) -> dict | None:
     existing = None
     if path_is_file(output):
         existing = check_calibration_doc(load_yaml(output), str(output))
-    parent = make_parent(output)
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{output.name}.", suffix=".tmp")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ServesimError(f"{output}: cannot write the calibration file here: "
-                            f"{e.strerror or e}") from None
+    check_writable(output, "calibration file")
     return existing
 
 

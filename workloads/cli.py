@@ -148,7 +148,7 @@ def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
     """Refuse, before any work, an output that is an input, a folder, an existing file
     (unless ``overwrite``) or anything else than a regular file (a symlink, FIFO or device:
     even with ``overwrite``), or in a folder that cannot be created or written."""
-    from servesim.reports.writers import make_parent
+    from servesim.reports.writers import check_writable
     from servesim.simulator.errors import ServesimError
 
     for i in inputs:
@@ -160,13 +160,7 @@ def check_output_file(out: Path, inputs: list[Path], overwrite: bool) -> None:
     _check_regular(out)
     if out.exists() and not overwrite:
         raise ServesimError(f"{out}: exists; pass --overwrite to replace it")
-    parent = make_parent(out)
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{out.name}.", suffix=".probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ServesimError(f"{out}: cannot write here: {e.strerror or e}") from None
+    check_writable(out)
 
 
 @trace_app.command("convert")
