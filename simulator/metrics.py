@@ -172,16 +172,11 @@ class RequestLog:
         self._mem: list[dict[str, np.ndarray]] = []
         self._ranges: list[tuple[int, int]] = []  # (min index, max index) per chunk
         self.num_rows = 0
-        self.max_finish = -math.inf  # latest finish of a completed request (s)
-        self.max_end = -math.inf  # latest end of any request: completed or failed (s)
+        self.max_finish = -math.inf  # latest end of any request, completed or failed (s)
 
     @property
     def spilled(self) -> bool:
         return self._dir is not None
-
-    def end_s(self) -> float | None:
-        """When the last request ended, completed or failed (None: none has)."""
-        return self.max_end if math.isfinite(self.max_end) else None
 
     def append(self, chunk: dict[str, np.ndarray]) -> None:
         """Add rows (raw fields as arrays of equal length, any order)."""
@@ -191,13 +186,10 @@ class RequestLog:
         order = np.argsort(chunk["index"], kind="stable")
         chunk = {k: np.asarray(v)[order] for k, v in chunk.items()}
         idx = chunk["index"]
-        done = np.isin(chunk["finished_reason"], COMPLETED_REASONS)
-        if done.any():
-            self.max_finish = max(self.max_finish, float(np.max(chunk["finish_s"][done])))
         fin = np.asarray(chunk["finish_s"], dtype=float)
         fin = fin[np.isfinite(fin)]  # (failed: when the client got its error or gave up)
         if len(fin):
-            self.max_end = max(self.max_end, float(fin.max()))
+            self.max_finish = max(self.max_finish, float(fin.max()))
         self._ranges.append((int(idx[0]), int(idx[-1])))
         self.num_rows += n
         if self._dir is None and self.num_rows > self.spill_rows:
@@ -448,9 +440,6 @@ class RunResult:
     files: dict[str, str] = field(default_factory=dict)
     engine_itl: Distribution | None = None  # engine-side inter-token gaps (with a frontend)
     frontend: dict[str, Any] = field(default_factory=dict)  # enable, params, provenance
-    # when the last request ended, completed or failed (a timeout, an error response): where
-    # ``vllm bench serve``'s duration ends; None: the last completion (results built otherwise)
-    end_s: float | None = None
     # output.save_detailed: each request's client-side inter-token gaps (s), in row order
     request_itls: list[list[float]] | None = None
 
@@ -481,10 +470,8 @@ class RunResult:
     @property
     def duration_s(self) -> float:
         """Benchmark duration like vllm bench: from the benchmark start (t = 0, before the
-        first send) until every request has ended (``asyncio.gather`` returns: the last
-        completion or failure, :attr:`end_s`), in seconds."""
-        if self.end_s is not None:
-            return self.end_s
+        first send) until every request has ended (``asyncio.gather`` returns: the latest
+        ``finish_s``, a completion's or a failure's), in seconds."""
         if self.streamed:
             m = self.request_log.max_finish
             return m if math.isfinite(m) else 0.0

@@ -280,7 +280,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                      client_columns=client_cols,
                      stage_itl=dict(rec.stage_itl) if rec.stage_itl else None,
                      engine_itl=rec.engine_itl if frontend is not None else None,
-                     frontend=fe_info, end_s=log.end_s(),
+                     frontend=fe_info,
                      request_itls=None if rec.request_itls is None else
                      [rec.request_itls[i] for i in sorted(rec.request_itls)])
 

@@ -431,7 +431,7 @@ def _instance_result(inst: Instance, env) -> RunResult:
                      steps=r.steps.columns(), token_steps=r.steps.token_steps(),
                      counters=counters, workload_meta=meta,
                      capacity=inst.mem.as_dict(), request_log=log if log.spilled else None,
-                     itl_stream=stream, extras=extras, end_s=log.end_s())
+                     itl_stream=stream, extras=extras)
 
 
 def _tier_extras(instances: list[Instance]) -> dict:
@@ -528,7 +528,7 @@ def _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, 
                      capacity=plans[0][2].as_dict(),
                      request_log=log if log.spilled else None, itl_stream=stream,
                      instances=subs if cfg.cluster is not None else [], extras=extras,
-                     files=files, end_s=log.end_s())
+                     files=files)
 
 
 def _pd_extras(client: ClusterClient, link: KVLink, instances, sim_s: float) -> dict:

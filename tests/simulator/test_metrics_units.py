@@ -201,7 +201,7 @@ def test_request_log_windows_and_max_finish(tmp_path, spill):
     log.append(_chunk([]))  # nothing
     log.append(_chunk([0, 5, 2, 3], reasons=["length", "stop", "rejected", "length"]))
     assert log.num_rows == 7 and log.spilled == (spill is not None)
-    # latest finish of a completed request: index 6 (3.0 + 1.0); index 2 was rejected
+    # latest end of any request: index 6 (3.0 + 1.0)
     assert log.max_finish == 4.0
     wins = list(log.windows(rows=3))
     assert [w["index"].tolist() for w in wins] == [[0, 1, 2], [3, 4, 5], [6]]
@@ -391,6 +391,8 @@ def test_run_result_streamed(tmp_path):
     assert not any(tmp_path.iterdir())
     empty = RequestLog(tmp_path, spill_rows=0)
     empty.append(_chunk([0], reasons=["rejected"]))
+    # only a rejected request (at 0 * 0.5 + 1.0): the run lasts until it ended (vLLM's
+    # duration runs until asyncio.gather returns, failures included)
     assert RunResult(None, LazyRequests(empty), np.zeros(0), np.zeros(0), {},
-                     request_log=empty).duration_s == 0.0
+                     request_log=empty).duration_s == 1.0
     empty.close()
