@@ -188,6 +188,14 @@ class _Arrivals(_Common):
 
     @model_validator(mode="after")
     def _check_ramp_up(self):
+        if self.stages:  # each stage sets its own load: say so where one is set besides
+            given = [f"{k} {getattr(self, k)}" for k in ("request_rate", "ramp_up_strategy")
+                     if k in self.model_fields_set and getattr(self, k) not in (math.inf, None)]
+            if given:
+                import warnings
+
+                warnings.warn(f"workload.{given[0]} is not used: the stages set each stage's "
+                              "load (rate or concurrency)", stacklevel=2)
         if self.ramp_up_strategy is None:
             return self
         if not math.isinf(self.request_rate):

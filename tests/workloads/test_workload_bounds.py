@@ -244,3 +244,19 @@ def test_valid_small_profiles_still_build(tmp_path):
         reqs = list(itertools.islice(build_workload(ProfileWorkload(path=str(p)),
                                                     block_size=16), 50))
         assert reqs and all(1 <= r.prompt_len <= 200 for r in reqs)
+
+
+def test_a_request_rate_beside_stages_is_said_to_be_unused():
+    """Stages replace the arrival process: a request_rate set beside them (the example
+    config's 12 req/s, say) was silently ignored; now a warning says so (none for inf)."""
+    import warnings
+
+    from servesim.simulator.config import load_config
+
+    stages = "workload.stages=[{rate: 2, duration_s: 10}]"
+    with pytest.warns(UserWarning, match=r"workload.request_rate 12.0 is not used: the stages "
+                      r"set each stage's load"):
+        load_config(None, ["workload.request_rate=12", stages])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["workload.request_rate=inf", stages])
