@@ -16,6 +16,10 @@ CANONICAL_REQUIRED = ["arrival_s", "prompt_len", "output_len"]
 CANONICAL_OPTIONAL = ["prefix_block_ids", "priority", "session_id", "turn", "lora", "parent_id",
                       "think_time_s", "request_id"]
 BURSTGPT_COLUMNS = ["Timestamp", "Request tokens", "Response tokens"]
+# A canonical row's prefix_block_ids of a long prompt at a small block size runs past the csv
+# module's default 131,072-character field limit (a converted Mooncake conversation trace has
+# 143,256): take fields up to the token limit's size
+csv.field_size_limit(2**31 - 1)
 
 
 class _Stamps:

@@ -409,3 +409,18 @@ def test_vidur_row_with_an_extra_field(write):
     p = write("v.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,10,garbage\n")
     assert error(p) == (f"{p}:2: expected 3 fields (arrived_at,num_prefill_tokens,"
                         "num_decode_tokens), got 4")
+
+
+def test_canonical_rows_with_very_long_prefix_ids_read_back(tmp_path):
+    """A long shared prompt at block size 16 writes a prefix_block_ids field of more than the
+    csv module's default 131,072 characters (a converted Mooncake conversation trace has one
+    of 143,256): it reads back."""
+    from servesim.workloads import build_workload
+    from servesim.workloads.config import TraceWorkload
+
+    ids = " ".join(str(i) for i in range(30_000))  # 168,889 characters
+    assert len(ids) > 131_072
+    p = tmp_path / "long.csv"
+    p.write_text(f"arrival_s,prompt_len,output_len,prefix_block_ids\n0,480000,4,{ids}\n")
+    (req,) = list(build_workload(TraceWorkload(path=str(p)), block_size=16))
+    assert req.prompt_len == 480000 and len(req.prefix_block_ids) == 30_000
