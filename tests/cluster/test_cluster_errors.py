@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from servesim.simulator.cli import run_cli
 from servesim.simulator.cluster.routers import PrefixAwareRouter
 from servesim.simulator.errors import ConfigError
 
@@ -15,20 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 P = str(REPO / "configs" / "cluster_prefix_router_llama8b.yaml")
 D = str(REPO / "configs" / "cluster_pd_llama70b_h100.yaml")
 SMALL = {P: "workload.num_sessions=5", D: "workload.num_prompts=30"}
-
-
-def run_error(capsys, tmp_path, config: str, *sets: str) -> str:
-    """The one error line of ``simulate run config --set ...`` (asserting exit 2)."""
-    args = ["run", config, "-q", "-o", str(tmp_path / "out"), "--set", SMALL[config]]
-    for s in sets:
-        args += ["--set", s]
-    rc = run_cli(args)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith(("error:", "internal error:"))]
-    assert rc == 2, err
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert not (tmp_path / "out").exists()
-    return lines[0]
 
 
 # F4 / F7: non-finite latencies and bandwidths (a crash writing result.json, or a run with
@@ -53,8 +38,8 @@ def run_error(capsys, tmp_path, config: str, *sets: str) -> str:
      ("cache.kv_offload.cpu_bytes: at most 1PiB (1125899906842624 bytes) of CPU memory "
      "(got 99999999999999999999999)")),
 ])
-def test_non_finite_or_absurd_numbers_are_refused(capsys, tmp_path, config, setting, message):
-    assert run_error(capsys, tmp_path, config, setting) == (
+def test_non_finite_or_absurd_numbers_are_refused(cli_error, config, setting, message):
+    assert cli_error(config, SMALL[config], setting) == (
         f"error: {config} (with --set overrides): {message}")
 
 
@@ -89,8 +74,8 @@ def test_one_pib_of_cpu_memory_is_accepted():
     ("least_load", "{refresh_s: -1}",
      "router least_load: refresh_s: expected a finite number >= 0, got -1.0"),
 ])
-def test_router_params_out_of_range_are_refused(capsys, tmp_path, policy, params, message):
-    assert run_error(capsys, tmp_path, P, f"cluster.router.policy={policy}",
+def test_router_params_out_of_range_are_refused(cli_error, policy, params, message):
+    assert cli_error(P, SMALL[P], f"cluster.router.policy={policy}",
                      f"cluster.router.params={params}") == f"error: {P}: {message}"
 
 
@@ -104,8 +89,8 @@ def test_router_params_in_range_are_accepted():
 
 
 # F9: P/D between different models
-def test_prefill_and_decode_groups_must_serve_the_same_model(capsys, tmp_path):
-    line = run_error(capsys, tmp_path, D, "cluster.instances=[{name: p, role: prefill}, "
+def test_prefill_and_decode_groups_must_serve_the_same_model(cli_error):
+    line = cli_error(D, SMALL[D], "cluster.instances=[{name: p, role: prefill}, "
                      "{name: d, role: decode, model: {name: llama-3.1-8b, "
                      "max_model_len: 32768}}]")
     assert line == (f"error: {D}: cluster.instances[1] (d): serves model llama-3.1-8b but "
@@ -114,23 +99,23 @@ def test_prefill_and_decode_groups_must_serve_the_same_model(capsys, tmp_path):
 
 
 # F10: data_parallel_size was silently dropped in clusters
-def test_data_parallel_size_in_a_group_is_refused(capsys, tmp_path):
-    line = run_error(capsys, tmp_path, P, "cluster.instances=[{name: v, replicas: 2, "
+def test_data_parallel_size_in_a_group_is_refused(cli_error):
+    line = cli_error(P, SMALL[P], "cluster.instances=[{name: v, replicas: 2, "
                      "parallel: {data_parallel_size: 4}}]")
     assert line == (f"error: {P}: cluster.instances[0] (v): parallel.data_parallel_size: 4 is "
                     "not used in a cluster (each instance is one engine); set the group's "
                     "replicas instead")
 
 
-def test_top_level_data_parallel_size_is_refused_with_a_cluster(capsys, tmp_path):
-    line = run_error(capsys, tmp_path, P, "parallel.data_parallel_size=4")
+def test_top_level_data_parallel_size_is_refused_with_a_cluster(cli_error):
+    line = cli_error(P, SMALL[P], "parallel.data_parallel_size=4")
     assert line == (f"error: {P}: parallel.data_parallel_size: 4 is not used in a cluster "
                     "(each instance is one engine); set cluster.instances[i].replicas instead")
 
 
 # F13: an error while resolving a group names the group
-def test_resolve_error_in_a_group_names_the_group(capsys, tmp_path):
-    line = run_error(capsys, tmp_path, P, "cluster.instances=[{name: v, "
+def test_resolve_error_in_a_group_names_the_group(cli_error):
+    line = cli_error(P, SMALL[P], "cluster.instances=[{name: v, "
                      "parallel: {tensor_parallel_size: 3}}]")
     assert line == (f"error: {P}: cluster.instances[0] (v): parallel.tensor_parallel_size: 3 "
                     "does not divide the model's num_attention_heads (32)")

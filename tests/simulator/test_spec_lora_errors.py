@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from servesim.simulator.cli import run_cli
 from servesim.simulator.config import load_config
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.spec_decode import check_acceptance_column
@@ -15,20 +14,6 @@ from servesim.simulator.spec_decode import check_acceptance_column
 REPO = Path(__file__).resolve().parents[2]
 E = str(REPO / "configs" / "llama8b_h100_eagle.yaml")
 L = str(REPO / "configs" / "llama8b_h100_lora.yaml")
-
-
-def run_error(capsys, tmp_path, config: str, *sets: str) -> str:
-    """The one error line of ``simulate run config --set ...`` (asserting exit 2)."""
-    args = ["run", config, "-q", "-o", str(tmp_path / "out"), "--set", "workload.num_prompts=30"]
-    for s in sets:
-        args += ["--set", s]
-    rc = run_cli(args)
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith(("error:", "internal error:"))]
-    assert rc == 2, err
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert not (tmp_path / "out").exists()
-    return lines[0]
 
 
 @pytest.mark.parametrize("config,sets,message", [
@@ -51,8 +36,8 @@ def run_error(capsys, tmp_path, config: str, *sets: str) -> str:
      ("speculative_config.prompt_lookup_min: prompt_lookup_min=5 must be <= "
      "prompt_lookup_max=2 (got 5)")),
 ])
-def test_refused_values(capsys, tmp_path, config, sets, message):
-    assert run_error(capsys, tmp_path, config, *sets) == (
+def test_refused_values(cli_error, config, sets, message):
+    assert cli_error(config, "workload.num_prompts=30", *sets) == (
         f"error: {config} (with --set overrides): {message}")
 
 
@@ -76,8 +61,8 @@ def test_accepted_neighbours():
 
 
 # F13: the memory that does not fit is the draft model's / the LoRA slots'
-def test_a_draft_model_too_large_is_named(capsys, tmp_path):
-    line = run_error(capsys, tmp_path, E, "speculative_config.method=draft_model",
+def test_a_draft_model_too_large_is_named(cli_error):
+    line = cli_error(E, "workload.num_prompts=30", "speculative_config.method=draft_model",
                      "speculative_config.model=llama-3.1-70b")
     assert line == (
         f"error: {E}: llama-3.1-8b on h100-sxm (tensor_parallel_size=1, pipeline_parallel_size"
@@ -88,8 +73,8 @@ def test_a_draft_model_too_large_is_named(capsys, tmp_path):
         "or use a larger GPU")
 
 
-def test_lora_slots_too_large_are_named(capsys, tmp_path):
-    line = run_error(capsys, tmp_path, L, "lora.max_loras=100000000",
+def test_lora_slots_too_large_are_named(cli_error):
+    line = cli_error(L, "workload.num_prompts=30", "lora.max_loras=100000000",
                      "lora.max_cpu_loras=100000000")
     assert line == (
         f"error: {L}: llama-3.1-8b on h100-sxm (tensor_parallel_size=1, pipeline_parallel_size"
