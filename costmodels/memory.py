@@ -11,10 +11,12 @@ forward pass of ``max_num_batched_tokens`` tokens plus a dummy sampler pass over
 with per-token-per-layer bytes = 2 · kv_heads/tp · head_dim · dtype_bytes (MLA: the
 kv_lora_rank + qk_rope_head_dim latent, replicated on every TP rank). ``non_torch`` is the
 memory outside PyTorch's allocator that grows after start-up (cuBLAS workspaces; NCCL and
-custom all-reduce buffers when TP/PP > 1). CUDA graphs are captured after the KV cache is
-allocated and live in the (1 − utilization) headroom; :class:`MemoryCoefficients` can count
-them against the KV budget instead. Every coefficient here is an estimate of what vLLM's
-profiler measures, documented below, not a measurement.
+custom all-reduce buffers when TP/PP > 1). Since vLLM 0.21 the profiler also estimates the
+CUDA-graph pool (``GPUModelRunner.profile_cudagraph_memory``) and takes it out of the KV budget
+(``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, default 1: ``cache.
+memory_profiler_estimate_cudagraphs``); with it off the graphs live in the (1 − utilization)
+headroom. Every coefficient here is an estimate of what vLLM's profiler measures, documented
+below, not a measurement.
 """
 
 from __future__ import annotations
@@ -56,17 +58,15 @@ class MemoryCoefficients:
     - ``sampler_bytes_per_logit``: dummy sampler pass over max_num_seqs × vocab logits: bf16
       logits (2) + fp32 copy (4) + probabilities (4) + one fp32 temporary (4) = 14 bytes.
     - ``cudagraph_bytes_per_graph``: private-pool overhead per captured graph (course: 46
-      graphs of OPT-125m took 0.41 GiB ≈ 9 MiB each; a prior of 4 MiB plus the activations
-      of the largest capture size).
-    - ``cudagraph_in_kv_budget``: subtract the graph pool from the KV budget (newer vLLM can
-      estimate it at profiling time); default False: graphs live in the headroom.
+      graphs of OPT-125m took 0.41 GiB ≈ 9 MiB each; a prior of 4 MiB; vLLM's estimate
+      floors its measured per-graph sample at 1 MiB). The first capture of each runtime mode
+      also holds the activations of its largest size (:func:`cudagraph_pool_bytes`).
     """
 
     non_torch_bytes: int = int(0.15 * GIB)
     comm_bytes: int = int(0.35 * GIB)
     sampler_bytes_per_logit: float = 14.0
     cudagraph_bytes_per_graph: int = 4 * MIB
-    cudagraph_in_kv_budget: bool = False
 
 
 @dataclass
@@ -109,6 +109,8 @@ class MemoryPlan:
     auto_fit_from: int | None = None
     # --cpu-offload-gb: decoder weights in pinned CPU memory (not in weights_bytes)
     cpu_offload_bytes: int = 0
+    # the CUDA graphs vLLM captures: (runtime mode, graphs, largest size in tokens)
+    cudagraph_captures: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -155,10 +157,35 @@ class MemoryPlan:
             f"{self.requested_bytes / g:.2f}GiB; model weights take "
             f"{self.weights_bytes / g:.2f}GiB; non_torch_memory takes "
             f"{(self.non_torch_bytes + self.comm_bytes) / g:.2f}GiB; PyTorch activation peak "
-            f"memory takes {self.activation_peak_bytes / g:.2f}GiB; the rest of the memory "
-            f"reserved for KV Cache is {self.available_kv_bytes / g:.2f}GiB."),
-            f"Available KV cache memory: {self.available_kv_bytes / g:.2f} GiB",
+            f"memory takes {self.activation_peak_bytes / g:.2f}GiB; "
+            + (f"the CUDA graph memory estimate takes {self.cudagraph_bytes / g:.2f}GiB; "
+               if self.cudagraph_in_kv_budget and self.cudagraph_bytes else "")
+            + f"the rest of the memory reserved for KV Cache is "
+            f"{self.available_kv_bytes / g:.2f}GiB."),
         ]
+        profiled = self.kv_cache_memory_bytes is None and self.cudagraph_bytes > 0
+        if profiled:  # GPUModelRunner.profile_cudagraph_memory (info lines)
+            lines.append("Profiling CUDA graph memory: " + ", ".join(
+                f"{mode}={n} (largest={largest})" for mode, n, largest in self.cudagraph_captures))
+            lines.append(f"Estimated CUDA graph memory: {self.cudagraph_bytes / g:.2f} GiB total")
+        lines.append(f"Available KV cache memory: {format_gib(self.available_kv_bytes)} GiB")
+        if profiled:  # Worker.determine_available_memory
+            util = self.gpu_memory_utilization
+            delta = self.cudagraph_bytes / self.total_bytes
+            suggested = min(round(util + delta, 4), 1.0)
+            lines.append(
+                "CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+                f"--gpu-memory-utilization={util:.4f} is equivalent to "
+                f"--gpu-memory-utilization={round(util - delta, 4):.4f} without CUDA graph "
+                "memory profiling. To maintain the same effective KV cache size as before, "
+                f"increase --gpu-memory-utilization to {suggested:.4f}. To disable, set "
+                "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0." if self.cudagraph_in_kv_budget else
+                "CUDA graph memory profiling is disabled "
+                "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph memory is "
+                "not accounted for during KV cache allocation, which may require lowering "
+                "--gpu-memory-utilization to avoid OOM. Consider re-enabling it (the default as "
+                f"of v0.21.0) and increasing --gpu-memory-utilization from {util:.4f} to "
+                f"{suggested:.4f}.")
         # get_kv_cache_configs: the override, then the auto-fit (against the override's
         # size when there is one), then _report_kv_cache_config
         if self.num_gpu_blocks_override is not None:
@@ -391,22 +418,17 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     act = max(fwd, sampler)
     comm = co.comm_bytes if tp * pp > 1 else 0
     non_torch = co.non_torch_bytes
-    sizes = cudagraph_sizes(cfg, seqs, toks)
-    if not sizes:
-        graphs = 0
-    else:
-        mode = resolved_cudagraph_mode(cfg)
-        n_graphs = len(sizes) * (2 if mode == "FULL_AND_PIECEWISE" else 1)
-        graphs = n_graphs * co.cudagraph_bytes_per_graph + forward_activation_bytes(
-            spec, sizes[-1], tp)
+    captures = cudagraph_captures(cfg, cudagraph_sizes(cfg, seqs, toks), seqs)
+    graphs = cudagraph_pool_bytes(captures, spec, tp, co)
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 1 since vLLM 0.21)
+    in_budget = explicit is None and getattr(
+        cfg.cache, "memory_profiler_estimate_cudagraphs", True)
     if explicit is not None:
         # ``determine_available_memory``: the profile run still happens (it compiles the
         # model), then the KV cache gets exactly this, whatever gpu_memory_utilization says
         available = explicit
     else:
-        available = requested - weights - act - non_torch - comm
-        if co.cudagraph_in_kv_budget:
-            available -= graphs
+        available = requested - weights - act - non_torch - comm - (graphs if in_budget else 0)
     bs = cfg.cache.block_size or kv_block_size(spec, hw, cfg.cache.cache_dtype)
     # vLLM get_kv_cache_configs: each stage's KV memory over its own layers' KV bytes; every
     # stage gets the smallest block count (one stage at pp = 1)
@@ -483,7 +505,7 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         total_bytes=total, gpu_memory_utilization=util, requested_bytes=requested,
         weights_bytes=weights, activation_peak_bytes=act, non_torch_bytes=non_torch,
         comm_bytes=comm, cudagraph_bytes=graphs,
-        cudagraph_in_kv_budget=co.cudagraph_in_kv_budget, available_kv_bytes=available,
+        cudagraph_in_kv_budget=in_budget, available_kv_bytes=available,
         block_size=bs, block_bytes=block_bytes, kv_bytes_per_token=per_token,
         num_gpu_blocks=blocks,
         num_gpu_blocks_computed=computed, num_gpu_blocks_override=override,
@@ -491,8 +513,49 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         kv_cache_dtype=cfg.cache.cache_dtype, draft_weights_bytes=draft_w,
         draft_kv_bytes_per_token=draft_kv, lora_bytes=lora_b, kv_cache_memory_bytes=explicit,
         auto_fit_from=getattr(cfg.model, "_auto_fit_from", None) or fit_from,
-        cpu_offload_bytes=offload.bytes_per_rank,
+        cpu_offload_bytes=offload.bytes_per_rank, cudagraph_captures=captures,
     )
+
+
+def cudagraph_captures(cfg, sizes: list[int], max_num_seqs: int
+                       ) -> tuple[tuple[str, int, int], ...]:
+    """The CUDA graphs vLLM captures (``CudagraphDispatcher.initialize_cudagraph_keys``,
+    ``get_capture_descs``): (runtime mode, graphs, largest size in tokens), PIECEWISE first.
+    The mixed-batch mode (PIECEWISE; FULL in FULL mode) takes every capture size; FULL decode
+    graphs beside it (FULL_AND_PIECEWISE, FULL_DECODE_ONLY) take the uniform decode sizes,
+    q ≤ size ≤ q · max_num_seqs (q = 1 + speculative tokens). Each once per LoRA case: one
+    without LoRA; with LoRA, without and with adapters (``_get_lora_cases`` with vLLM's
+    ``cudagraph_specialize_lora``: [0, max_loras + 1])."""
+    if not sizes:
+        return ()
+    mode = resolved_cudagraph_mode(cfg)
+    scfg = getattr(cfg, "speculative_config", None)
+    q = 1 + (scfg.num_speculative_tokens if scfg is not None else 0)
+    lc = getattr(cfg, "lora", None)
+    cases = 2 if lc is not None and lc.enable_lora else 1
+    out = []
+    if mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+        out.append(("PIECEWISE", len(sizes) * cases, sizes[-1]))
+    if mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):
+        dec = [s for s in sizes if q <= s <= q * max_num_seqs]
+        if dec:
+            out.append(("FULL", len(dec) * cases, dec[-1]))
+    elif mode == "FULL":
+        out.append(("FULL", len(sizes) * cases, sizes[-1]))
+    return tuple(out)
+
+
+def cudagraph_pool_bytes(captures, spec: ModelSpec, tp: int,
+                         co: MemoryCoefficients | None = None) -> int:
+    """vLLM's CUDA-graph memory estimate (``GPUModelRunner.profile_cudagraph_memory``, bytes):
+    each mode's first capture (its largest size) overlays the others in the shared pool, each
+    further graph adds its own: max over modes (activations of the largest size + g) + Σ g ·
+    (graphs − 1), g = ``cudagraph_bytes_per_graph``."""
+    if not captures:
+        return 0
+    g = (co or MemoryCoefficients()).cudagraph_bytes_per_graph
+    first = max(forward_activation_bytes(spec, largest, tp) for _, _, largest in captures)
+    return first + g + sum(g * (n - 1) for _, n, _ in captures)
 
 
 def format_gib(b: float) -> str:

@@ -47,7 +47,8 @@ class ParallelConfig(_Section):
 # cluster groups' resolved sections read it.
 OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {
     "": {"optimization_level": 2, "performance_mode": "balanced", "cpu_offload_gb": 0.0},
-    "cache": {"kv_offload": None, "kv_cache_memory_bytes": None},
+    "cache": {"kv_offload": None, "kv_cache_memory_bytes": None,
+              "memory_profiler_estimate_cudagraphs": True},
     "scheduler": {"max_num_partial_prefills": 1, "max_long_partial_prefills": 1,
                   "stream_interval": 1},
     "frontend": {"stream_chunk_s": None},
@@ -81,6 +82,10 @@ class CacheConfig(_Section):
         None, ge=1, le=2**63 - 1, description="vLLM --kv-cache-memory-bytes: KV cache per GPU "
         "(bytes, '16G' = 16 GiB, '16g' = 16e9, or '16GiB'), instead of what "
         "gpu_memory_utilization leaves")
+    memory_profiler_estimate_cudagraphs: bool = Field(
+        True, description="vLLM's VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (1 by default since "
+        "vLLM 0.21): the profiler's CUDA-graph memory estimate comes out of the KV budget; "
+        "false (=0): the graphs live in the (1 - gpu_memory_utilization) headroom")
     allocator: str = Field("paged", description="KV allocator policy (registry name)")
     kv_offload: KVOffloadConfig | None = Field(
         None, description="CPU KV-offload tier (vLLM OffloadingConnector); omitted when null")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from cmutil import make_cfg
 from servesim.costmodels import plan_memory
-from servesim.costmodels.memory import MemoryCoefficients
 from servesim.simulator.errors import CapacityError, ConfigError
 
 GIB = 2**30
@@ -22,8 +21,14 @@ def test_llama8b_a100_num_gpu_blocks():
     − activation peak: max(forward 2048 tok ≈ 0.20 GiB, dummy sampler 256 × 128256 × 14 B
       ≈ 0.43 GiB)                                = 0.428 GiB
     − non-torch (cuBLAS workspaces)              = 0.15 GiB
-    = 55.67 GiB of KV cache / (16 tokens × 128 KiB = 2 MiB per block) = 28,502 blocks,
-    i.e. 456,032 tokens, 3.48x concurrency at 131,072 tokens.
+    − CUDA-graph memory estimate (vLLM ≥ 0.21 profiles it and takes it out of the KV budget,
+      VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1): FULL_AND_PIECEWISE captures 51 PIECEWISE
+      sizes (1…512) and 35 FULL decode sizes (1…256 = max_num_seqs); the first capture holds
+      512 tokens' activations (512 × (3·4096 + 3·14336) × 2 B = 54 MiB) + 4 MiB, each of the
+      other 50 + 34 graphs 4 MiB: 394 MiB   = 0.385 GiB
+    = 55.28 GiB of KV cache / (16 tokens × 128 KiB = 2 MiB per block) = 28,305 blocks,
+    i.e. 452,880 tokens, 3.46x concurrency at 131,072 tokens (28,502 blocks without the
+    graph estimate: 394 MiB / 2 MiB = 197 blocks more).
 
     vLLM logs for Llama-3-8B on an 80 GB A100 at 0.9 report ≈ 54–56 GiB of KV cache, i.e.
     ≈ 27,000–29,000 blocks (the exact figure moves by version with activation profiling).
@@ -32,7 +37,10 @@ def test_llama8b_a100_num_gpu_blocks():
     assert p.weights_bytes / GIB == pytest.approx(14.99, abs=0.01)
     assert p.block_bytes == 16 * 131_072
     assert 27_000 <= p.num_gpu_blocks <= 29_500
-    assert p.num_gpu_blocks == 28_502  # regression pin of the derivation above
+    assert p.num_gpu_blocks == 28_305  # regression pin of the derivation above
+    assert p.cudagraph_bytes == (54 + 4 + 4 * (50 + 34)) * 2**20
+    off = plan_memory(make_cfg(*L8B, "cache.memory_profiler_estimate_cudagraphs=false"))
+    assert off.num_gpu_blocks == 28_502
     assert p.kv_cache_tokens == p.num_gpu_blocks * 16
     assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / (131072 / 16))
 
@@ -41,7 +49,8 @@ def test_as_dict_is_json_friendly():
     import json
 
     d = plan_memory(make_cfg(*L8B)).as_dict()
-    assert d["num_gpu_blocks"] == 28_502 and d["kv_cache_tokens"] == 456_032
+    assert d["num_gpu_blocks"] == 28_305 and d["kv_cache_tokens"] == 452_880
+    assert d["cudagraph_captures"] == (("PIECEWISE", 51, 512), ("FULL", 35, 256))
     assert d["kv_bytes_per_token"] == 131_072 and "weights_gib" in d
     json.dumps(d)
 
@@ -50,10 +59,10 @@ def test_log_lines_look_like_vllm():
     lines = plan_memory(make_cfg(*L8B)).log_lines()
     text = "\n".join(lines)
     assert "Model loading took 14.98" in text
-    assert "Available KV cache memory: 55.67 GiB" in text
-    assert "GPU KV cache size: 456,032 tokens" in text
-    assert "Maximum concurrency for 131,072 tokens per request: 3.48x" in text
-    assert "# GPU blocks: 28502" in text
+    assert "Available KV cache memory: 55.28 GiB" in text
+    assert "GPU KV cache size: 452,880 tokens" in text
+    assert "Maximum concurrency for 131,072 tokens per request: 3.46x" in text
+    assert "# GPU blocks: 28305" in text
 
 
 def test_kv_cache_memory_bytes_sets_the_kv_cache_whatever_the_utilization():
@@ -68,19 +77,19 @@ def test_kv_cache_memory_bytes_sets_the_kv_cache_whatever_the_utilization():
     text = "\n".join(p.log_lines())
     assert "Reserved 16.00 GiB memory for KV Cache as specified by kv_cache_memory_bytes" in text
     assert "Maximum concurrency for 131,072 tokens per request: 1.00x" in text
-    assert "CUDA graph pool ~0.45 GiB (beside the given KV cache size)" in text
+    assert "CUDA graph pool ~0.38 GiB (beside the given KV cache size)" in text
+    assert "Estimated CUDA graph memory" not in text  # (vLLM skips profiling)
     p = plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=16G",
                              "cache.num_gpu_blocks_override=1000", "model.max_model_len=16000"))
     assert (p.num_gpu_blocks, p.num_gpu_blocks_computed) == (1000, 8192)
     # 2.5e9 bytes // 2 MiB = 1,192 blocks = 19,072 tokens < one 131,072-token request
     with pytest.raises(CapacityError, match="estimated maximum model length is 19072"):
         plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=2.5g"))
-    # more than the device holds beside the weights and the CUDA-graph pool (51 sizes × 2 ×
-    # 4 MiB + 512 tokens × (3·4096 + 3·14336) × 2 B = 0.45 GiB): 79.15 − 14.99 − 0.15 − 0.45
-    # = 63.56 GiB
+    # more than the device holds beside the weights and the CUDA-graph pool (394 MiB = 0.38
+    # GiB, see above): 79.15 − 14.99 − 0.15 − 0.38 = 63.63 GiB
     with pytest.raises(CapacityError, match=r"cache.kv_cache_memory_bytes: 51200 blocks need "
-                       r"100.00 GiB of KV cache, more than the 63.56 GiB left on the GPU beside "
-                       r"the model weights \(14.99 GiB\) and CUDA graphs \(0.45 GiB\)"):
+                       r"100.00 GiB of KV cache, more than the 63.63 GiB left on the GPU beside "
+                       r"the model weights \(14.99 GiB\) and CUDA graphs \(0.38 GiB\)"):
         plan_memory(make_cfg(*L8B, "cache.kv_cache_memory_bytes=100G"))
 
 
@@ -126,7 +135,7 @@ def test_human_readable_binary_suffix_refuses_decimals():
 def test_override_and_utilization():
     p = plan_memory(make_cfg(*L8B, "cache.num_gpu_blocks_override=1000",
                              "model.max_model_len=16000"))
-    assert p.num_gpu_blocks == 1000 and p.num_gpu_blocks_computed == 28_502
+    assert p.num_gpu_blocks == 1000 and p.num_gpu_blocks_computed == 28_305
     assert any("num_gpu_blocks_override=1000" in s for s in p.log_lines())
     # vLLM 0.22.1 get_kv_cache_configs checks one max_model_len request against the override's
     # size (1000 blocks × 16 tokens = 16,000), not the profiled memory: 16,001 is refused
@@ -143,7 +152,7 @@ def test_max_model_len_auto_fits_the_kv_cache():
     """vLLM ``--max-model-len auto`` (-1, ``_auto_fit_max_model_len``): the derived length
     when one request of it fits the KV cache, else the longest that fits (binary search over
     one request's blocks), against the override's size when there is one. Llama-3.1-8B on
-    A100: 28,502 blocks hold 131,072 tokens; 1,000 blocks of 16 tokens hold 16,000; 2.5e9
+    A100: 28,305 blocks hold 131,072 tokens; 1,000 blocks of 16 tokens hold 16,000; 2.5e9
     bytes of KV are 1,192 blocks of 2 MiB = 19,072 tokens. Mistral-7B's 4,096-token sliding
     window: a request of L > 4,096 tokens takes ceil(min(L, 4,095 + 2,048) / 16) + 1 blocks,
     ≤ 300 for L ≤ 4,784."""
@@ -162,7 +171,7 @@ def test_max_model_len_auto_fits_the_kv_cache():
     lines = p.log_lines()
     assert ("Auto-fit max_model_len: reduced from 131072 to 16000 to fit in available GPU "
             "memory (1.95 GiB available for KV cache)") in lines
-    assert lines.index("Overriding num_gpu_blocks=28502 with num_gpu_blocks_override=1000") \
+    assert lines.index("Overriding num_gpu_blocks=28305 with num_gpu_blocks_override=1000") \
         < lines.index("GPU KV cache size: 16,000 tokens")
     assert fitted("cache.kv_cache_memory_bytes=2.5g")[0].model.max_model_len == 19_072
     assert fitted("model.name=mistral-7b-v0.1",
@@ -208,15 +217,15 @@ def test_auto_fit_edges_as_vllm():
     assert "available KV cache memory (0.0 GiB). Try increasing" in str(e.value)
     lo = plan_memory(make_cfg(*L8B, "cache.gpu_memory_utilization=0.5"))
     # fixed costs do not scale with utilization: fewer than half the blocks... of the excess
-    assert lo.num_gpu_blocks < 28_502 / 2 + 8_000
+    assert lo.num_gpu_blocks < 28_305 / 2 + 8_000
     assert lo.available_kv_bytes == pytest.approx(
         int(79.15 * GIB * 0.5) - lo.weights_bytes - lo.activation_peak_bytes
-        - lo.non_torch_bytes, abs=1)
+        - lo.non_torch_bytes - lo.cudagraph_bytes, abs=1)
 
 
 def test_fp8_kv_doubles_blocks():
     p = plan_memory(make_cfg(*L8B, "cache.cache_dtype=fp8"))
-    assert p.num_gpu_blocks == pytest.approx(2 * 28_502, abs=2)
+    assert p.num_gpu_blocks == pytest.approx(2 * 28_305, abs=2)
 
 
 def test_70b_on_one_a100_does_not_fit_and_fits_with_tp4():
@@ -269,16 +278,37 @@ def test_int4_weights_leave_more_kv():
     assert q.num_gpu_blocks > a.num_gpu_blocks
 
 
-def test_cudagraph_pool_can_count_against_kv():
-    cfg = make_cfg(*L8B)
-    a = plan_memory(cfg)
-    from servesim.costmodels.memory import plan_memory as pm
-
-    b = pm(cfg, MemoryCoefficients(cudagraph_in_kv_budget=True))
-    assert a.cudagraph_bytes > 0
-    assert b.num_gpu_blocks < a.num_gpu_blocks
+def test_cudagraph_pool_counts_against_kv_unless_the_estimate_is_off():
+    """VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 (``cache.memory_profiler_estimate_cudagraphs:
+    false``) gives the KV cache the graph pool back, and vLLM's warning says so; eager mode
+    captures nothing."""
+    a = plan_memory(make_cfg(*L8B))
+    b = plan_memory(make_cfg(*L8B, "cache.memory_profiler_estimate_cudagraphs=false"))
+    assert a.cudagraph_bytes == b.cudagraph_bytes == 394 * 2**20
+    assert (a.cudagraph_in_kv_budget, b.cudagraph_in_kv_budget) == (True, False)
+    assert b.available_kv_bytes - a.available_kv_bytes == 394 * 2**20
+    assert b.num_gpu_blocks - a.num_gpu_blocks == 197
+    # 394 MiB / 79.15 GiB = 0.00486 of the device: 0.9 − that = 0.8951, 0.9 + that = 0.9049
+    assert ("CUDA graph memory profiling is disabled (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+            "=0). Without it, CUDA graph memory is not accounted for during KV cache "
+            "allocation, which may require lowering --gpu-memory-utilization to avoid OOM. "
+            "Consider re-enabling it (the default as of v0.21.0) and increasing "
+            "--gpu-memory-utilization from 0.9000 to 0.9049.") in b.log_lines()
+    lines = a.log_lines()
+    i = lines.index("Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 "
+                    "(largest=256)")
+    assert lines[i + 1:i + 4] == [
+        "Estimated CUDA graph memory: 0.38 GiB total",
+        "Available KV cache memory: 55.28 GiB",
+        ("CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+        "--gpu-memory-utilization=0.9000 is equivalent to --gpu-memory-utilization=0.8951 "
+        "without CUDA graph memory profiling. To maintain the same effective KV cache size as "
+        "before, increase --gpu-memory-utilization to 0.9049. To disable, set "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")]
     eager = plan_memory(make_cfg(*L8B, "model.enforce_eager=true"))
-    assert eager.cudagraph_bytes == 0
+    assert eager.cudagraph_bytes == 0 and eager.cudagraph_captures == ()
+    assert not any("CUDA graph memory" in s for s in eager.log_lines())
+    assert eager.available_kv_bytes == b.available_kv_bytes
 
 
 def test_explicit_16_bit_kv_cache_dtypes_are_auto_sized():

@@ -51,7 +51,12 @@ def test_llama70b_tp4_num_gpu_blocks_by_value():
     act = max(fwd, sampler)
     assert p.activation_peak_bytes == act
     non_torch, comm = int(0.15 * GIB), int(0.35 * GIB)  # + NCCL buffers at TP > 1
-    available = requested - weights - act - non_torch - comm
+    # CUDA-graph estimate (vLLM ≥ 0.21, in the KV budget): 51 capture sizes up to 512, each
+    # PIECEWISE and FULL (decode sizes ≤ 1024 seqs); the first capture holds 512 tokens'
+    # activations + 4 MiB, the other 50 + 50 graphs 4 MiB each
+    graphs = 512 * (3 * 8192 + 3 * 28672 // 4) * 2 + 4 * 2**20 * (1 + 50 + 50)
+    assert p.cudagraph_bytes == graphs
+    available = requested - weights - act - non_torch - comm - graphs
     assert p.available_kv_bytes == available
     per_token = 80 * 2 * 2 * 128 * 2  # layers · (K+V) · 8/4 KV heads · head_dim · bf16
     assert p.kv_bytes_per_token == per_token
@@ -113,7 +118,8 @@ def test_llama8b_a100_plan_every_term():
     """A100 defaults (256 seqs, 2048 tokens): weights, activation = max(forward of 2048
     tokens, sampler 256 × vocab × 14 B), non-torch 0.15 GiB, no NCCL at TP 1; CUDA graphs
     (51 capture sizes × 2 for FULL_AND_PIECEWISE × 4 MiB + activations of the largest, 512
-    tokens) live in the headroom."""
+    tokens; FULL decode graphs only up to 256 = max_num_seqs) come out of the KV budget
+    (vLLM ≥ 0.21)."""
     p = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb"))
     total = int(79.15 * GIB)
     assert (p.total_bytes, p.requested_bytes) == (total, int(total * 0.92))  # default 0.92
@@ -122,9 +128,12 @@ def test_llama8b_a100_plan_every_term():
     fwd = 2048 * per_tok * 2
     assert p.activation_peak_bytes == max(fwd, 256 * 128256 * 14) == 256 * 128256 * 14
     assert (p.non_torch_bytes, p.comm_bytes) == (int(0.15 * GIB), 0)
-    assert p.cudagraph_bytes == 51 * 2 * 4 * 2**20 + 512 * per_tok * 2
-    assert not p.cudagraph_in_kv_budget
-    avail = int(total * 0.92) - p.weights_bytes - p.activation_peak_bytes - int(0.15 * GIB)
+    # PIECEWISE: 51 sizes 1…512; FULL: the 35 decode sizes 1…256; first capture + 84 more
+    assert p.cudagraph_captures == (("PIECEWISE", 51, 512), ("FULL", 35, 256))
+    assert p.cudagraph_bytes == 512 * per_tok * 2 + 4 * 2**20 * (1 + 50 + 34)
+    assert p.cudagraph_in_kv_budget
+    avail = int(total * 0.92) - p.weights_bytes - p.activation_peak_bytes - int(0.15 * GIB) \
+        - p.cudagraph_bytes
     assert p.available_kv_bytes == avail
     assert p.num_gpu_blocks == p.num_gpu_blocks_computed == avail // (16 * 131072)
     d = p.as_dict()
@@ -135,22 +144,36 @@ def test_llama8b_a100_plan_every_term():
 
 
 def test_cudagraph_pool_in_the_kv_budget_by_value():
-    from servesim.costmodels.memory import MemoryCoefficients, plan_memory_for
+    """One graph per capture size in PIECEWISE mode; FULL_DECODE_ONLY: the uniform decode sizes
+    only (≤ max_num_seqs); FULL: every size as a FULL graph; with LoRA, each twice (vLLM's
+    ``cudagraph_specialize_lora``: without and with adapters); the estimate leaves the KV
+    budget unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0."""
+    from servesim.costmodels.memory import plan_memory_for
     from servesim.costmodels.specs import load_hardware_spec, load_model_spec
 
-    cfg = make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                   "compilation.cudagraph_mode=PIECEWISE")
+    base = ("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb")
+    cfg = make_cfg(*base, "compilation.cudagraph_mode=PIECEWISE")
     spec, hw = load_model_spec(cfg.model), load_hardware_spec(cfg.hardware)
     a = plan_memory_for(cfg, spec, hw)
-    b = plan_memory_for(cfg, spec, hw, MemoryCoefficients(cudagraph_in_kv_budget=True))
+    off = make_cfg(*base, "compilation.cudagraph_mode=PIECEWISE",
+                   "cache.memory_profiler_estimate_cudagraphs=false")
+    b = plan_memory_for(off, spec, hw)
     per_tok = 3 * 4096 + 3 * 14336
-    graphs = 51 * 4 * 2**20 + 512 * per_tok * 2  # one graph per size in PIECEWISE mode
+    graphs = 51 * 4 * 2**20 + 512 * per_tok * 2  # first (512 tokens + 4 MiB) + 50 × 4 MiB
+    assert a.cudagraph_captures == (("PIECEWISE", 51, 512),)
     assert a.cudagraph_bytes == b.cudagraph_bytes == graphs
-    assert b.available_kv_bytes == a.available_kv_bytes - graphs
-    assert b.num_gpu_blocks == b.available_kv_bytes // (16 * 131072)
-    none = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
-                                "compilation.cudagraph_mode=NONE"))
-    assert none.cudagraph_bytes == 0
+    assert a.available_kv_bytes == b.available_kv_bytes - graphs
+    assert a.num_gpu_blocks == a.available_kv_bytes // (16 * 131072)
+    dec = plan_memory(make_cfg(*base, "compilation.cudagraph_mode=FULL_DECODE_ONLY"))
+    assert dec.cudagraph_captures == (("FULL", 35, 256),)
+    assert dec.cudagraph_bytes == 35 * 4 * 2**20 + 256 * per_tok * 2
+    full = plan_memory(make_cfg(*base, "compilation.cudagraph_mode=FULL"))
+    assert full.cudagraph_captures == (("FULL", 51, 512),) and full.cudagraph_bytes == graphs
+    lora = plan_memory(make_cfg(*base, "lora.enable_lora=true", "lora.max_loras=4"))
+    assert lora.cudagraph_captures == (("PIECEWISE", 102, 512), ("FULL", 70, 256))
+    assert lora.cudagraph_bytes == 512 * per_tok * 2 + 4 * 2**20 * (1 + 101 + 69)
+    none = plan_memory(make_cfg(*base, "compilation.cudagraph_mode=NONE"))
+    assert none.cudagraph_bytes == 0 and none.available_kv_bytes == b.available_kv_bytes
 
 
 def test_deepseek_mla_moe_memory_terms():
@@ -277,15 +300,18 @@ def test_memory_log_lines_and_dict_by_value():
         f"gpu_memory_utilization (0.92) = {p.requested_bytes / g:.2f}GiB; model weights take "
         f"{p.weights_bytes / g:.2f}GiB; non_torch_memory takes "
         f"{(p.non_torch_bytes + p.comm_bytes) / g:.2f}GiB; PyTorch activation peak memory "
-        f"takes {p.activation_peak_bytes / g:.2f}GiB; the rest of the memory reserved for KV "
+        f"takes {p.activation_peak_bytes / g:.2f}GiB; the CUDA graph memory estimate takes "
+        f"{p.cudagraph_bytes / g:.2f}GiB; the rest of the memory reserved for KV "
         f"Cache is {p.available_kv_bytes / g:.2f}GiB.")
-    assert lines[-1] == (f"CUDA graph pool ~{p.cudagraph_bytes / g:.2f} GiB (from the "
-                         "(1 - gpu_memory_utilization) headroom)")
+    assert lines[2:4] == [("Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=51 "
+                          "(largest=512)"),
+                          f"Estimated CUDA graph memory: {p.cudagraph_bytes / g:.2f} GiB total"]
+    assert lines[-1] == f"CUDA graph pool ~{p.cudagraph_bytes / g:.2f} GiB (counted in the KV budget)"
     assert lines[-2] == f"# GPU blocks: {p.num_gpu_blocks}, # CPU blocks: 0"
     d = p.as_dict()
     assert d["notes"] == [] and d["model"] == "llama-3.1-70b" and d["hardware"] == "h100-sxm"
     assert (d["tensor_parallel_size"], d["pipeline_parallel_size"]) == (4, 1)
-    assert d["cudagraph_in_kv_budget"] is False
+    assert d["cudagraph_in_kv_budget"] is True
 
 
 def test_sliding_window_request_tokens_exactly():
@@ -299,10 +325,11 @@ def test_graph_pool_follows_the_capture_sizes():
                              "compilation.max_cudagraph_capture_size=64"))
     sizes = [1, 2, 4] + list(range(8, 65, 8))
     per_tok = 3 * 4096 + 3 * 14336
-    assert p.cudagraph_bytes == len(sizes) * 2 * 4 * 2**20 + 64 * per_tok * 2
+    # (FULL decode graphs: every size ≤ 256 = max_num_seqs; first capture + the others)
+    assert p.cudagraph_bytes == (len(sizes) * 2 - 1) * 4 * 2**20 + 64 * per_tok * 2
     q = plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
                              "compilation.cudagraph_capture_sizes=[1,3,100]"))
-    assert q.cudagraph_bytes == 3 * 2 * 4 * 2**20 + 100 * per_tok * 2
+    assert q.cudagraph_bytes == (3 * 2 - 1) * 4 * 2**20 + 100 * per_tok * 2
 
 
 def test_max_model_len_error_names_the_estimate():
