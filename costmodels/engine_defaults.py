@@ -174,12 +174,21 @@ def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int,
     return sizes
 
 
+def full_decode_sizes(sizes: list[int], decode_query_len: int, max_num_seqs: int) -> list[int]:
+    """The capture sizes that get a FULL decode graph beside a mixed mode (FULL_AND_PIECEWISE,
+    FULL_DECODE_ONLY): uniform decode batches of q…q·max_num_seqs tokens, q = 1 + speculative
+    tokens (vLLM ``CudagraphDispatcher.initialize_cudagraph_keys``)."""
+    q = decode_query_len
+    return [s for s in sizes if q <= s <= q * max_num_seqs]
+
+
 __all__ = [
     "LEVEL_CUDAGRAPH_MODE",
     "batch_limits",
     "capture_sizes",
     "cudagraph_mode",
     "cudagraph_sizes",
+    "full_decode_sizes",
     "kv_block_size",
     "resolved_cudagraph_mode",
     "scheduler_defaults",

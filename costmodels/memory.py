@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from servesim.costmodels.engine_defaults import (
     _resolved,
     cudagraph_sizes,
+    full_decode_sizes,
     kv_block_size,
     resolved_cudagraph_mode,
     validate_parallel,
@@ -57,6 +58,12 @@ class MemoryCoefficients:
       (aiconfigurator measures ≈342–392 MB at TP ≥ 2).
     - ``sampler_bytes_per_logit``: dummy sampler pass over max_num_seqs × vocab logits: bf16
       logits (2) + fp32 copy (4) + probabilities (4) + one fp32 temporary (4) = 14 bytes.
+    - ``rejection_sampler_bytes_per_logit``: with speculative decoding the dummy pass also
+      runs the rejection sampler (``_dummy_sampler_run``: one draft token per row, so 2 ×
+      max_num_seqs rows of logits), its peak per max_num_seqs × vocab logit: bf16 logits of
+      the 2N rows (4) + the bonus rows' bf16 copy (2) + the bonus sampler's fp32 logits kept
+      for logprobs (4) + the target rows' fp32 copy (4) and its clone (4) + the target
+      probabilities (4) = 22 bytes (the larger of the two passes sets the peak).
     - ``cudagraph_bytes_per_graph``: private-pool overhead per captured graph (course: 46
       graphs of OPT-125m took 0.41 GiB ≈ 9 MiB each; a prior of 4 MiB; vLLM's estimate
       floors its measured per-graph sample at 1 MiB). The first capture of each runtime mode
@@ -66,6 +73,7 @@ class MemoryCoefficients:
     non_torch_bytes: int = int(0.15 * GIB)
     comm_bytes: int = int(0.35 * GIB)
     sampler_bytes_per_logit: float = 14.0
+    rejection_sampler_bytes_per_logit: float = 22.0
     cudagraph_bytes_per_graph: int = 4 * MIB
 
 
@@ -414,7 +422,10 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
             f"({hw.memory_gib:.2f} GiB device); {fix}"
         )
     fwd = forward_activation_bytes(spec, toks, tp)
-    sampler = int(seqs * spec.vocab_size * co.sampler_bytes_per_logit)
+    per_logit = co.sampler_bytes_per_logit
+    if getattr(cfg, "speculative_config", None) is not None:  # + the rejection sampler's pass
+        per_logit = max(per_logit, co.rejection_sampler_bytes_per_logit)
+    sampler = int(seqs * spec.vocab_size * per_logit)
     act = max(fwd, sampler)
     comm = co.comm_bytes if tp * pp > 1 else 0
     non_torch = co.non_torch_bytes
@@ -537,7 +548,7 @@ def cudagraph_captures(cfg, sizes: list[int], max_num_seqs: int
     if mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
         out.append(("PIECEWISE", len(sizes) * cases, sizes[-1]))
     if mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):
-        dec = [s for s in sizes if q <= s <= q * max_num_seqs]
+        dec = full_decode_sizes(sizes, q, max_num_seqs)
         if dec:
             out.append(("FULL", len(dec) * cases, dec[-1]))
     elif mode == "FULL":

@@ -61,6 +61,7 @@ from servesim.costmodels.calibration import Calibration, load_calibration
 from servesim.costmodels.engine_defaults import (
     _resolved,
     cudagraph_sizes,
+    full_decode_sizes,
     resolved_cudagraph_mode,
     validate_parallel,
 )
@@ -205,6 +206,12 @@ class StepCostModel(AttentionCosts, OperatorCosts):
             mode, PIECEWISE)
         self.capture_sizes = [] if mode == "NONE" else (cudagraph_sizes or [])
         self._max_graph = self.capture_sizes[-1] if self.capture_sizes else 0
+        # FULL decode graphs beside the mixed mode (FULL_AND_PIECEWISE, FULL_DECODE_ONLY) exist
+        # only for uniform decode batches of q…q·max_num_seqs tokens (CudagraphDispatcher
+        # .initialize_cudagraph_keys); a larger one falls back to the mixed mode's graph
+        self._decode_max = self._max_graph if mode not in (
+            "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY") else max(full_decode_sizes(
+                self.capture_sizes, self.uniform_decode_query_len, max_num_seqs), default=0)
         self._pad = [0] * (self._max_graph + 1)
         j = 0
         for t in range(1, self._max_graph + 1):
@@ -287,7 +294,8 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         pre = batch.prefill_new_tokens
         nd, ns = batch.num_decode, batch.num_spec_tokens
         T = nd + ns + (sum(pre) if pre else 0)
-        uniform = not pre and ns == nd * (self.uniform_decode_query_len - 1)
+        uniform = not pre and ns == nd * (self.uniform_decode_query_len - 1) \
+            and T <= self._decode_max
         mode = self._decode_mode if uniform else self._mixed_mode
         if mode and 0 < T <= self._max_graph:
             return mode, self._pad[T]
@@ -326,9 +334,10 @@ class StepCostModel(AttentionCosts, OperatorCosts):
             mode = self._mixed_mode
         else:
             T = nd + ns
-            # spec decode: only uniform decode batches (every row 1 + k tokens) replay FULL
+            # spec decode: only uniform decode batches (every row 1 + k tokens) replay FULL,
+            # and only up to q · max_num_seqs tokens
             mode = self._decode_mode if ns == nd * (self.uniform_decode_query_len - 1) \
-                else self._mixed_mode
+                and T <= self._decode_max else self._mixed_mode
         if mode and 0 < T <= self._max_graph:
             Tp = self._pad[T]
         else:

@@ -403,8 +403,30 @@ def test_cudagraph_modes(mode, dec, mixed):
     assert (a.cudagraph, b.cudagraph) == (dec, mixed)
     assert a.padded_batch == (4 if dec != "NONE" else 3)
     assert b.padded_batch == (24 if mixed != "NONE" else 23)
-    assert m.step_time(decode(512, 10)).cudagraph == dec  # 512: the largest capture size
-    assert m.step_time(decode(513, 10)).cudagraph == "NONE"
+    # FULL decode graphs beside a mixed mode stop at max_num_seqs = 256 tokens (A100): a
+    # larger uniform decode batch takes the mixed mode's graph (sizes step by 16 from 256)
+    top = 256 if mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY") else 512
+    assert m.step_time(decode(top, 10)).cudagraph == dec
+    if top == 256:
+        st = m.step_time(decode(257, 10))
+        assert (st.cudagraph, st.padded_batch) == (mixed, 272 if mixed != "NONE" else 257)
+    assert m.step_time(decode(512, 10)).cudagraph == (dec if top == 512 else mixed)
+    assert m.step_time(decode(513, 10)).cudagraph == "NONE"  # 512: the largest capture size
+
+
+def test_full_decode_graphs_stop_at_max_num_seqs():
+    """max_num_seqs 100 on H100: capture sizes …, 96, 104, … ; FULL decode graphs only up to
+    100 tokens, i.e. up to 96. A decode batch of 97 rows pads to 104: PIECEWISE@104 beside
+    FULL_AND_PIECEWISE, eager (unpadded) with FULL_DECODE_ONLY; 96 rows replay FULL@96."""
+    for mode, mixed, pad in (("FULL_AND_PIECEWISE", "PIECEWISE", 104),
+                             ("FULL_DECODE_ONLY", "NONE", 97)):
+        m = model("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+                  "scheduler.max_num_seqs=100", f"compilation.cudagraph_mode={mode}")
+        st = m.step_time(decode(97, 1000))
+        assert (st.cudagraph, st.padded_batch) == (mixed, pad)
+        st = m.step_time(decode(96, 1000))
+        assert (st.cudagraph, st.padded_batch) == ("FULL", 96)
+        assert m.step_seconds(decode(97, 1000)) == m.step_time(decode(97, 1000)).seconds
 
 
 def test_launch_bound_steps_by_value():

@@ -404,12 +404,16 @@ def test_drafter_and_lookahead_by_method():
     ngram = plan_memory(_resolved("speculative_config.method=ngram",
                                   "speculative_config.num_speculative_tokens=3",
                                   "speculative_config.acceptance={rate: 0.5}"))
-    # no drafter memory for n-gram; only the CUDA-graph estimate moves: the 51 capture sizes
-    # rounded to multiples of 1 + k = 4 are 49 (each PIECEWISE and FULL), 4 graphs × 4 MiB
-    # fewer, the same 512-token first capture
+    # no drafter memory for n-gram; the profile's dummy pass also runs the rejection sampler
+    # (2 × 1024 rows of logits: 22 bytes per 1024 × vocab logit, not the sampler's 14), and
+    # the CUDA-graph estimate moves: the 51 capture sizes rounded to multiples of 1 + k = 4
+    # are 49 (each PIECEWISE and FULL), 4 graphs × 4 MiB fewer, the same 512-token capture
+    assert base.activation_peak_bytes == 1024 * 128256 * 14
+    assert ngram.activation_peak_bytes == eagle.activation_peak_bytes == 1024 * 128256 * 22
     assert ngram.cudagraph_captures == (("PIECEWISE", 49, 512), ("FULL", 49, 512))
     assert base.cudagraph_bytes - ngram.cudagraph_bytes == 4 * 4 * 2**20
-    assert ngram.available_kv_bytes - base.available_kv_bytes == 4 * 4 * 2**20
+    assert ngram.available_kv_bytes - base.available_kv_bytes == \
+        4 * 4 * 2**20 - 1024 * 128256 * 8
     assert eagle.draft_kv_bytes_per_token == base.kv_bytes_per_token // 32  # one layer
     assert 0.3 < eagle.draft_weights_bytes / 2**30 < 0.6
     assert eagle.num_gpu_blocks < base.num_gpu_blocks
