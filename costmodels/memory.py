@@ -426,7 +426,12 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     if getattr(cfg, "speculative_config", None) is not None:  # + the rejection sampler's pass
         per_logit = max(per_logit, co.rejection_sampler_bytes_per_logit)
     sampler = int(seqs * spec.vocab_size * per_logit)
-    act = max(fwd, sampler)
+    # profile_run per pipeline stage: the dummy forward everywhere, the sampler pass on the
+    # last stage only; the stages after the first also hold the hidden states + residual they
+    # receive (IntermediateTensors of max_num_batched_tokens rows) throughout
+    recv = 2 * toks * spec.hidden_size * ACT_BYTES
+    acts = [(recv if i else 0) + (max(fwd, sampler) if i == pp - 1 else fwd) for i in range(pp)]
+    act = max(acts)  # (reported: the most loaded stage, as the weights)
     comm = co.comm_bytes if tp * pp > 1 else 0
     non_torch = co.non_torch_bytes
     captures = cudagraph_captures(cfg, cudagraph_sizes(cfg, seqs, toks), seqs)
@@ -434,19 +439,18 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (default 1 since vLLM 0.21)
     in_budget = explicit is None and getattr(
         cfg.cache, "memory_profiler_estimate_cudagraphs", True)
-    if explicit is not None:
-        # ``determine_available_memory``: the profile run still happens (it compiles the
-        # model), then the KV cache gets exactly this, whatever gpu_memory_utilization says
-        available = explicit
-    else:
-        available = requested - weights - act - non_torch - comm - (graphs if in_budget else 0)
     bs = cfg.cache.block_size or kv_block_size(spec, hw, cfg.cache.cache_dtype)
     # vLLM get_kv_cache_configs: each stage's KV memory over its own layers' KV bytes; every
     # stage gets the smallest block count (one stage at pp = 1)
     per_layer = spec.kv_elems_per_token_per_layer(tp) * kvb
     fewest = None
-    for w_r, (start, end) in zip(stage_w, pp_layer_ranges(spec.num_hidden_layers, pp)):
-        a_r = available if explicit is not None else available + weights - w_r
+    for w_r, a_r, (start, end) in zip(stage_w, acts,
+                                      pp_layer_ranges(spec.num_hidden_layers, pp)):
+        # ``determine_available_memory``; with kv_cache_memory_bytes the profile run still
+        # happens (it compiles the model), then the KV cache gets exactly that, whatever
+        # gpu_memory_utilization says
+        a_r = explicit if explicit is not None else (
+            requested - w_r - a_r - non_torch - comm - (graphs if in_budget else 0))
         t_r = int((end - start) * per_layer) + draft_kv
         if fewest is None or a_r // (bs * t_r) < fewest[0]:
             fewest = (a_r // (bs * t_r), a_r, t_r)

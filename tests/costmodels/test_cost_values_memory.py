@@ -70,6 +70,16 @@ def test_pp2_weights_and_kv_per_rank():
     assert p.weights_bytes == weights_llama(L8, 1, pp=2)
     assert p.kv_bytes_per_token == 16 * 2 * 8 * 128 * 2  # 32 / 2 layers on a stage
     assert p.comm_bytes == int(0.35 * GIB)
+    # the last stage limits: the LM head + final norm, the sampler pass (256 × vocab × 14 B;
+    # profile_run samples on the last stage only) and the received hidden states + residual
+    # (2 × 2,048 tokens × 4,096 × 2 B); the first stage's peak is its forward alone
+    fwd = 2048 * (3 * 4096 + 3 * 14336) * 2
+    act_last = 2 * 2048 * 4096 * 2 + max(fwd, 256 * 128256 * 14)
+    assert p.activation_peak_bytes == act_last
+    graphs = 512 * (3 * 4096 + 3 * 14336) * 2 + 4 * 2**20 * (1 + 50 + 34)
+    avail = int(int(79.15 * GIB) * 0.92) - p.weights_bytes - act_last - int(0.15 * GIB) \
+        - int(0.35 * GIB) - graphs
+    assert (p.available_kv_bytes, p.num_gpu_blocks) == (avail, avail // (16 * 65536))
 
 
 @pytest.mark.parametrize("mml,bs", [(1000, 16), (4097, 32), (8192, 16)])

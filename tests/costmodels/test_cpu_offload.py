@@ -186,10 +186,13 @@ def test_router_stays_bf16_in_a_quantized_model():
 
 def test_pipeline_stages_share_the_smallest_block_count():
     """vLLM ``get_kv_cache_configs``: each stage's KV memory (the utilization budget less its
-    own weights, the activation peak, non-torch memory) over its own layers' KV bytes per
-    block; every stage gets the smallest count. DeepSeek-V3 TP 8 PP 2 on H200: stage 0 (31
-    layers, the 3 dense ones and the embedding) limits, not the heavier stage 1 (30 MoE)."""
-    from servesim.costmodels.memory import stage_weight_bytes
+    own weights, its own activation peak, non-torch memory) over its own layers' KV bytes per
+    block; every stage gets the smallest count. The profile run's sampler pass runs on the
+    last stage only, and the second stage holds the received hidden states + residual
+    (8,192 × 7,168 bf16 each). DeepSeek-V3 TP 8 PP 2 on H200: stage 1 (30 MoE layers, the
+    head, the sampler pass and the received activations) limits, not stage 0 (31 layers, the
+    3 dense ones and the embedding), which would without them."""
+    from servesim.costmodels.memory import forward_activation_bytes, stage_weight_bytes
 
     cfg = make_cfg("model.name=deepseek-v3", "hardware.name=h200-sxm",
                    "parallel.tensor_parallel_size=8", "parallel.pipeline_parallel_size=2",
@@ -199,11 +202,15 @@ def test_pipeline_stages_share_the_smallest_block_count():
     fp8 = WeightFormat("fp8", 1.0 + 4 / (128 * 128), "fp8")
     s0, s1 = stage_weight_bytes(ds, fp8, 8, 2)
     assert p.weights_bytes == int(s1) > s0  # the heavier stage is reported
-    base = p.requested_bytes - p.activation_peak_bytes - p.non_torch_bytes - p.comm_bytes
+    base = p.requested_bytes - p.non_torch_bytes - p.comm_bytes
     if p.cudagraph_in_kv_budget:
         base -= p.cudagraph_bytes
+    fwd = forward_activation_bytes(ds, 8192, 8)
+    act0, act1 = fwd, 2 * 8192 * 7168 * 2 + max(fwd, 1024 * 129280 * 14)
+    assert p.activation_peak_bytes == act1 > act0  # (the most loaded stage, as the weights)
     per_layer_block = p.block_size * 576 * 2  # MLA: 576 bf16 elements a token and layer
-    blocks = [(base - int(s0)) // (31 * per_layer_block),
-              (base - int(s1)) // (30 * per_layer_block)]
-    assert p.num_gpu_blocks == min(blocks) == blocks[0]
-    assert p.kv_bytes_per_token == 31 * 576 * 2
+    blocks = [(base - int(s0) - act0) // (31 * per_layer_block),
+              (base - int(s1) - act1) // (30 * per_layer_block)]
+    assert p.num_gpu_blocks == min(blocks) == blocks[1]
+    assert p.kv_bytes_per_token == 30 * 576 * 2
+    assert (base - int(s0) - act1) // (31 * per_layer_block) < blocks[1]  # (one act for all)
