@@ -4,7 +4,7 @@ vLLM (``gpu_worker.determine_available_memory``): load the weights, profile one 
 forward pass of ``max_num_batched_tokens`` tokens plus a dummy sampler pass over
 ``max_num_seqs`` rows, then
 
-    requested       = total_gpu_memory · gpu_memory_utilization            (bytes)
+    requested       = ⌈total_gpu_memory · gpu_memory_utilization⌉          (bytes)
     available_kv    = requested − weights − activation_peak − non_torch     (bytes)
     num_gpu_blocks  = available_kv // (block_size · layers/pp · per-token-per-layer KV bytes)
 
@@ -21,6 +21,7 @@ below, not a measurement.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from servesim.costmodels.engine_defaults import (
@@ -400,7 +401,7 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
     wf = resolve_weight_format(cfg.model, spec, hw)
     util = cfg.cache.gpu_memory_utilization
     total = hw.memory_bytes
-    requested = int(total * util)
+    requested = math.ceil(total * util)  # (vLLM request_memory)
     offload = uva_offload(spec, wf, tp, pp, getattr(cfg, "cpu_offload_gb", 0.0))
     kvb = kv_cache_dtype_bytes(cfg.cache.cache_dtype)
     draft_w, draft_kv, lora_b = _extra_memory(cfg, spec, hw, wf, tp, kvb)
