@@ -5,7 +5,8 @@ forward pass of ``max_num_batched_tokens`` tokens plus a dummy sampler pass over
 ``max_num_seqs`` rows, then
 
     requested       = ⌈total_gpu_memory · gpu_memory_utilization⌉          (bytes)
-    available_kv    = requested − weights − activation_peak − non_torch     (bytes)
+    available_kv    = requested − weights − activation_peak − non_torch
+                      − CUDA-graph estimate                                 (bytes)
     num_gpu_blocks  = available_kv // (block_size · layers/pp · per-token-per-layer KV bytes)
 
 with per-token-per-layer bytes = 2 · kv_heads/tp · head_dim · dtype_bytes (MLA: the
