@@ -106,6 +106,11 @@ class Parked:
 
 
 LB_REFRESH_S = 0.1  # vLLM DPCoordinator: min_stats_update_interval_ms = 100
+# Dense models' DP ranks are independent EngineCoreProcs that publish no request counts (only
+# MoE ranks, DPEngineCoreProc._maybe_publish_request_counts, do): the coordinator's counts
+# stay [0, 0] and, unchanged, are republished every 5 s (DPCoordinatorProc.process_input_
+# socket), resetting each API server's table
+LB_IDLE_PUBLISH_S = 5.0
 
 
 def dp_pick(counts: list[list[int]], server: int, num_servers: int) -> int:
@@ -136,7 +141,7 @@ class Client:
                  max_request_blocks: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  park_after: int | None = None, control: dict | None = None,
-                 frontend=None, api_servers: int = 1):
+                 frontend=None, api_servers: int = 1, dp_engine_stats: bool = False):
         self.env = env
         # API servers between client and engines (simulator/frontend.py): a sent request
         # reaches an engine through frontend.submit → self._admit.
@@ -158,14 +163,16 @@ class Client:
         self._children: dict[str, list[RequestSpec]] = {}
         self._ended: dict[str, float] = {}  # request_id -> end time, for session parents
         # vLLM's DP load balancer (DPLBAsyncMPClient), one per API server: per-engine
-        # [waiting, running] as last published by the DP coordinator, refreshed every
-        # LB_REFRESH_S of simulated time
+        # [waiting, running] as last published by the DP coordinator: the engines' counts
+        # every LB_REFRESH_S of simulated time when they publish them (``dp_engine_stats``:
+        # MoE), else zeros every LB_IDLE_PUBLISH_S (dense models)
         # (API servers: the frontend's, else ``api_servers`` taking requests in turn)
         self._lb_counts: list[list[list[int]]] = [
             [[0, 0] for _ in replicas]
             for _ in range(frontend.n if frontend is not None else max(1, api_servers))]
         self._lb_next = 0.0
         self._lb_turn = 0
+        self._lb_engine_stats = dp_engine_stats
         self._live: dict[int, Request] = {}  # sent, not yet ended
         # No request is sent before this time but the one being sent now (-inf: unknown; see
         # _arrivals): the frontend tokenizes a prompt no other can join without window events
@@ -322,18 +329,25 @@ class Client:
     def _route(self, server: int = 0) -> int:
         """vLLM's DP load balancing (``DPLBAsyncMPClient.get_core_engine_for_request``) in API
         server ``server`` of ``c`` (each holds its own counts): the engine with the least
-        ``waiting·4 + running`` in the coordinator's last published counts (every
-        ``LB_REFRESH_S``), scanning from engine ``num_engines·server // c`` (wrapping), first
-        minimum wins; the chosen engine's waiting count is then raised by ``c`` locally until
-        the next refresh (standing in for the other servers' picks)."""
+        ``waiting·4 + running`` in the coordinator's last published counts, scanning from
+        engine ``num_engines·server // c`` (wrapping), first minimum wins; the chosen engine's
+        waiting count is then raised by ``c`` locally until the next publish (standing in for
+        the other servers' picks). MoE ranks publish their counts (every ``LB_REFRESH_S``);
+        dense ranks publish none, so the tables reset to zeros every ``LB_IDLE_PUBLISH_S``
+        (at multiples of it) and the picks follow the local increments alone."""
         now = self.env.now
         tables = self._lb_counts
         if now >= self._lb_next:
-            fresh = [(r.scheduler.num_waiting, r.scheduler.num_running) for r in self.replicas]
+            if self._lb_engine_stats:
+                fresh = [(r.scheduler.num_waiting, r.scheduler.num_running)
+                         for r in self.replicas]
+                self._lb_next = now + LB_REFRESH_S
+            else:
+                fresh = [(0, 0)] * len(self.replicas)
+                self._lb_next = (now // LB_IDLE_PUBLISH_S + 1) * LB_IDLE_PUBLISH_S
             for counts in tables:
                 for i, (waiting, running) in enumerate(fresh):
                     counts[i][0], counts[i][1] = waiting, running
-            self._lb_next = now + LB_REFRESH_S
         return dp_pick(tables[server], server, len(tables))
 
     def refill(self) -> None:

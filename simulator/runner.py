@@ -206,7 +206,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                         max_concurrency=max_concurrency, on_progress=cb,
                         park_after=park_after, control=control, frontend=frontend,
                         api_servers=cfg.frontend.api_server_count
-                        or cfg.parallel.data_parallel_size)
+                        or cfg.parallel.data_parallel_size,
+                        dp_engine_stats=cost.spec.is_moe)
         client_box.append(client)
         if frontend is not None:
             # the client acts on a finish (a free concurrency slot, a stage barrier, a

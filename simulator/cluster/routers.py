@@ -104,10 +104,14 @@ class LeastLoadRouter(Router):
     :func:`~servesim.simulator.client.dp_pick`, as ``client.Client._route``): the counts the
     DP coordinator published last (every ``refresh_s``, vLLM's 100 ms), one table per API
     server (``api_servers``, taking requests in turn; 1 for a router in front of instances).
+    ``engine_stats: false`` is vLLM 0.22.1's balancer over a dense model's DP ranks, which
+    publish no counts: the tables reset to zeros at multiples of ``refresh_s`` (the
+    coordinator's 5 s republish) and only the local increments steer the picks.
     """
 
     name = "least_load"
-    PARAMS: ClassVar[dict[str, Any]] = {"refresh_s": 0.1, "api_servers": 1}
+    PARAMS: ClassVar[dict[str, Any]] = {"refresh_s": 0.1, "api_servers": 1,
+                                        "engine_stats": True}
     RANGES: ClassVar[dict[str, tuple[float, float]]] = {"refresh_s": (0, math.inf)}
 
     def __init__(self, params=None, rng=None):
@@ -122,10 +126,11 @@ class LeastLoadRouter(Router):
     def route(self, req, instances, now):
         tables = self._tables
         if now >= self._next or any(inst.index not in tables[0] for inst in instances):
+            live, r = self.engine_stats, self.refresh_s
             for counts in tables:
                 for inst in instances:
-                    counts[inst.index] = [inst.num_waiting, inst.num_running]
-            self._next = now + self.refresh_s
+                    counts[inst.index] = [inst.num_waiting, inst.num_running] if live else [0, 0]
+            self._next = now + r if live else (now // r + 1) * r if r > 0 else now
         server = self._turn
         self._turn = (server + 1) % len(tables)
         rows = [tables[server][inst.index] for inst in instances]

@@ -271,11 +271,18 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
     from servesim.simulator.config import validate_tree
 
     cl = cfg.cluster
-    if cl is None:  # (vLLM's balancer runs in each of the API servers)
+    if cl is None:  # (vLLM's balancer runs in each of the API servers; a dense model's DP
+        # ranks publish no counts, see client.LB_IDLE_PUBLISH_S)
+        from servesim.costmodels.specs import load_model_spec
+        from servesim.simulator.client import LB_IDLE_PUBLISH_S, LB_REFRESH_S
+
         g = InstanceGroup(name="engine", replicas=cfg.parallel.data_parallel_size)
         servers = cfg.frontend.api_server_count or cfg.parallel.data_parallel_size
+        moe = load_model_spec(cfg.model).is_moe
         cl = ClusterConfig(instances=[g], router=RouterConfig(
-            policy="least_load", params={"api_servers": servers}))
+            policy="least_load", params={
+                "api_servers": servers, "engine_stats": moe,
+                "refresh_s": LB_REFRESH_S if moe else LB_IDLE_PUBLISH_S}))
     base = cfg.dump_tree(mode="python")
     base.pop("cluster", None)
     out = []

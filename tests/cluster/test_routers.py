@@ -161,5 +161,25 @@ def test_dp_with_kv_offload_routes_per_api_server():
     cfg = resolve_config(load_config(None, ["parallel.data_parallel_size=2",
                                             "cache.kv_offload={cpu_bytes: 4GiB}"]))
     cl, groups = _groups(cfg)
-    assert (cl.router.policy, cl.router.params) == ("least_load", {"api_servers": 2})
+    # a dense model's DP ranks publish no counts: zeros every 5 s (client.LB_IDLE_PUBLISH_S)
+    assert (cl.router.policy, cl.router.params) == (
+        "least_load", {"api_servers": 2, "engine_stats": False, "refresh_s": 5.0})
     assert groups[0][0].replicas == 2
+    moe = resolve_config(load_config(None, [
+        "model.name=mixtral-8x7b", "hardware.name=h100-sxm", "parallel.tensor_parallel_size=2",
+        "parallel.data_parallel_size=2", "cache.kv_offload={cpu_bytes: 4GiB}"]))
+    assert _groups(moe)[0].router.params == {"api_servers": 2, "engine_stats": True,
+                                             "refresh_s": 0.1}
+
+
+def test_least_load_without_engine_stats_follows_its_own_picks():
+    """``engine_stats: false`` (vLLM 0.22.1 over a dense model's DP ranks): the engines'
+    counts are never read; the table resets to zeros at multiples of ``refresh_s``."""
+    router = LeastLoadRouter({"engine_stats": False, "refresh_s": 5.0}, None)
+    insts = [FakeInstance(0, waiting=9), FakeInstance(1), FakeInstance(2)]
+    assert [router.route(req(k), insts, t) for k, t in enumerate((0.0, 1.0, 2.0, 3.0))] == \
+        [0, 1, 2, 0]
+    assert router.route(req(4), insts, 5.0) == 0  # reset at 5 s: from engine 0 again
+    assert router._next == 10.0
+    with pytest.raises(ConfigError, match="engine_stats: expected bool, got 1"):
+        LeastLoadRouter({"engine_stats": 1}, None)

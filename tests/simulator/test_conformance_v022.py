@@ -418,7 +418,7 @@ def test_logits_rows_include_partial_prefill_chunks():
 
 # -- DPLBAsyncMPClient.get_core_engine_for_request ---------------------------------------------
 
-def _lb_client(num_engines: int, num_servers: int):
+def _lb_client(num_engines: int, num_servers: int, engine_stats: bool = True):
     env = simpy.Environment()
     scheds = [types.SimpleNamespace(num_waiting=0, num_running=0) for _ in range(num_engines)]
     client = Client.__new__(Client)
@@ -426,19 +426,38 @@ def _lb_client(num_engines: int, num_servers: int):
     client.replicas = [types.SimpleNamespace(scheduler=s) for s in scheds]
     client._lb_counts = [[[0, 0] for _ in scheds] for _ in range(num_servers)]
     client._lb_next = 0.0
+    client._lb_engine_stats = engine_stats
     return env, scheds, client
 
 
 def test_dp_load_balancer_scans_from_engine_zero_with_local_increments():
-    """Score waiting·4 + running over the coordinator's last published counts (refreshed every
-    100 ms), first minimum from engine 0, then the chosen engine's waiting count += 1 locally
-    (one API server)."""
+    """Score waiting·4 + running over the coordinator's last published counts (MoE ranks,
+    ``DPEngineCoreProc``, publish theirs; refreshed every 100 ms), first minimum from engine
+    0, then the chosen engine's waiting count += 1 locally (one API server)."""
     env, scheds, client = _lb_client(3, 1)
     assert [client._route() for _ in range(4)] == [0, 1, 2, 0]
     scheds[0].num_running = 9  # not seen until the next refresh
     assert client._route() == 1
     env.run(until=0.1)
     assert client._route() == 1  # refreshed: engine 0 scores 9, engines 1 and 2 score 0
+
+
+def test_dense_dp_ranks_publish_no_counts_so_the_balancer_follows_its_own_picks():
+    """vLLM 0.22.1 runs a dense model's DP ranks as independent ``EngineCoreProc``s that send
+    the coordinator no request counts: it republishes [0, 0] every 5 s, which resets each
+    API server's table; in between only the local increments steer the picks. Engine load
+    is never seen: 3 engines, one server, picks 0, 1, 2, 0, 1 whatever the engines hold; at
+    5 s the table resets and the scan starts again from engine 0 (engine 2 got one fewer)."""
+    env, scheds, client = _lb_client(3, 1, engine_stats=False)
+    scheds[0].num_waiting = 50
+    assert [client._route() for _ in range(5)] == [0, 1, 2, 0, 1]
+    env.run(until=4.999)
+    assert client._route() == 2 and client._lb_counts == [[[2, 0], [2, 0], [2, 0]]]
+    env.run(until=5.0)
+    assert [client._route() for _ in range(2)] == [0, 1]
+    assert client._lb_counts == [[[1, 0], [1, 0], [0, 0]]] and client._lb_next == 10.0
+    env.run(until=12.5)  # (one publish or several since the last pick: the same zeros)
+    assert client._route() == 0 and client._lb_next == 15.0
 
 
 def test_dp_load_balancer_per_api_server():
@@ -467,15 +486,22 @@ def test_dp_requests_route_through_their_api_servers_balancer(monkeypatch, front
     route = Client._route
 
     def spy(self, server=0):
-        seen.append((server, len(self._lb_counts)))
-        return route(self, server)
+        engine = route(self, server)
+        seen.append((server, len(self._lb_counts), engine))
+        return engine
 
     monkeypatch.setattr(Client, "_route", spy)
-    run_experiment(load_config(None, [
+    res = run_experiment(load_config(None, [
         "parallel.data_parallel_size=2", "workload.num_prompts=40", "workload.request_rate=50",
         "workload.input_len=64", "workload.output_len=4", f"frontend.enable={str(frontend).lower()}"]))
-    assert len(seen) == 40 and {n for _, n in seen} == {2}
-    assert [srv for srv, _ in seen].count(0) == [srv for srv, _ in seen].count(1) == 20
+    assert len(seen) == 40 and {n for _, n, _ in seen} == {2}
+    assert [srv for srv, _, _ in seen].count(0) == [srv for srv, _, _ in seen].count(1) == 20
+    # dense (Llama-3.1-8B), all within the first 5 s: each server alternates from its own
+    # start engine (0 and 1), whatever the engines hold
+    assert res.counters["sim_seconds"] < 5
+    for srv in (0, 1):
+        picks = [e for s, _, e in seen if s == srv]
+        assert picks == [srv, 1 - srv] * 10
 
 
 # -- TokenizeParams._token_len_check (API server) ---------------------------------------------
