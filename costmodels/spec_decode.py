@@ -25,7 +25,7 @@ One engine step with spec decode does, on the GPU:
    - ``draft_model`` (``DraftModelProposer``): the same loop through a whole second model
      (same TP as the target, as vLLM requires), one extra slot per request in the first pass
      (``max_num_new_slots_for_drafting``).
-   - ``medusa`` / ``mlp_speculator``: k heads (ResBlock h→h + LM head) over the rows, once.
+   - ``medusa``: k heads (ResBlock h→h + LM head) over the rows, once.
    - ``ngram`` / ``suffix``: CPU (numba KMP over each request's tokens): host time per row
      and per context token — with async scheduling off (vLLM turns it off for these), it
      adds to every step. ``ngram_gpu``: one small GPU kernel over the token histories.
@@ -49,7 +49,7 @@ from servesim.simulator.errors import ConfigError
 EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 MODEL_METHODS = EAGLE_METHODS + ("draft_model",)
 CPU_METHODS = ("ngram", "suffix")
-HEAD_METHODS = ("medusa", "mlp_speculator")
+HEAD_METHODS = ("medusa",)
 METHODS = MODEL_METHODS + CPU_METHODS + HEAD_METHODS + ("ngram_gpu",)
 # VllmConfig.__post_init__: async_scheduling=None stays on only for EagleModelTypes and
 # NgramGPUTypes; explicitly on, draft_model is allowed too; any other method is an error.

@@ -70,6 +70,9 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         self.sliding_window: int | None = None
         self.admission_cap: int | None = None
+        # EAGLE / EAGLE-3 / MTP speculative decoding (vLLM ``use_eagle``): a prefix hit drops
+        # its last matched block (the draft head needs that block's hidden states recomputed)
+        self.use_eagle = False
         # Async scheduling (one batch in flight, counters advanced at schedule time): the
         # batch in flight; a request that sampled in it has one output vLLM does not know
         # yet, which eager caching must not cover (vLLM caps it at ``request.num_tokens``).
@@ -133,6 +136,8 @@ class KVCacheManager:
                 if pos < head or pos in tombs or prev[i] == NULL:
                     break
                 computed.append(prev[i])
+        if self.use_eagle and computed:  # (FullAttentionManager.find_longest_cache_hit)
+            computed.pop()
         num_hit = len(computed) * bs
         self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
         return computed, num_hit
@@ -156,12 +161,13 @@ class KVCacheManager:
         blocks before it are out of the window: null blocks); without such a run, the run of
         cached blocks at the very start (if any) is the hit. Shareable blocks are looked up
         in the hash index, request-unique ones in the request's previous block table (whose
-        out-of-window entries are null blocks: misses)."""
+        out-of-window entries are null blocks: misses). With EAGLE the run needed is one block
+        longer and the hit then drops its last block."""
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
         n_shared = request.num_shared_blocks(bs)
         hashes = request.ensure_block_hashes(min(max_blocks, n_shared), bs)
-        need = -(-(self.sliding_window - 1) // bs)
+        need = -(-(self.sliding_window - 1) // bs) + self.use_eagle
         index = self.block_pool.cached_block_hash_to_block
         run: list[int] = []
         computed: list[int] | None = None
@@ -180,6 +186,8 @@ class KVCacheManager:
                 break
         if computed is None:
             computed = run[::-1]
+        if self.use_eagle and computed:
+            computed.pop()
         num_hit = len(computed) * bs
         self.prefix_cache_stats.record(request.num_tokens, num_hit, request.num_preemptions > 0)
         return computed, num_hit

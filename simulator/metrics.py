@@ -73,7 +73,8 @@ CLIENT_COLUMNS = ("stage", "warmup", "attempts")
 # engine_ttft_s  = vllm:time_to_first_token_seconds   (output handler's iteration timestamp of
 #                  the first token − the API server's arrival_time)
 # engine_e2el_s  = vllm:e2e_request_latency_seconds   (same, for the last token)
-# engine_tpot_s  = vllm:request_time_per_output_token_seconds (decode time / (outputs − 1))
+# engine_tpot_s  = vllm:request_time_per_output_token_seconds (decode time / (outputs − 1); 0
+#                  for a one-token request, as vLLM observes it)
 # queue_s        = vllm:request_queue_time_seconds    (first scheduled − queued in the engine)
 # prefill_s      = vllm:request_prefill_time_seconds  (first token − first scheduled, engine)
 # decode_s       = vllm:request_decode_time_seconds   (last token − first token, engine)
@@ -121,7 +122,8 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
     it_fin = np.where(np.isnan(it_fin), raw["finish_s"], it_fin)
     decode = np.where(ok, e_fin - e_first, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
-        e_tpot = np.where(ok & (out > 1), decode / np.maximum(out - 1, 1), np.nan)
+        # (vLLM FinishedRequestStats: 0 for a one-token request, observed like any other)
+        e_tpot = np.where(ok, np.where(out > 1, decode / np.maximum(out - 1, 1), 0.0), np.nan)
     return {
         "request_id": raw["request_id"],
         "arrival_s": raw["arrival_s"],

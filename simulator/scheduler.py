@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from servesim.costmodels.batch import BatchShape
-from servesim.costmodels.spec_decode import max_num_scheduled_tokens
+from servesim.costmodels.spec_decode import EAGLE_METHODS, max_num_scheduled_tokens
 from servesim.simulator.decode_group import DecodeGroup, _by_run_seq
 from servesim.simulator.kv_cache import KVCacheManager
 from servesim.simulator.lora import SkippedWaitingQueue
@@ -138,6 +138,7 @@ class Scheduler(DecodeGroup):
         (vLLM ``max_num_scheduled_tokens``)."""
         self.spec = spec
         self.fast_path = False
+        self.kv.use_eagle = getattr(spec, "method", None) in EAGLE_METHODS
         self.max_num_scheduled_tokens = max_num_scheduled_tokens(
             getattr(spec, "method", None), self.params.max_num_batched_tokens,
             self.max_num_running_reqs)

@@ -58,7 +58,7 @@ from servesim.costmodels.spec_decode import METHODS, num_lookahead_tokens
 from servesim.simulator.errors import ConfigError, TraceError
 
 SpecMethod = Literal["ngram", "ngram_gpu", "suffix", "eagle", "eagle3", "mtp", "draft_model",
-                     "medusa", "mlp_speculator"]
+                     "medusa"]
 assert set(SpecMethod.__args__) == set(METHODS)
 
 
@@ -103,7 +103,7 @@ class SpeculativeConfig(_Section):
 
     method: SpecMethod | None = Field(
         None, description="ngram | ngram_gpu | suffix | eagle | eagle3 | mtp | draft_model | "
-        "medusa | mlp_speculator (default with a model: draft_model)")
+        "medusa (default with a model: draft_model)")
     num_speculative_tokens: PositiveInt = Field(description="Drafts per step (k)")
     model: str | None = Field(
         None, description="Draft model / head: a file in configs/models/ or a path to a "
@@ -119,6 +119,14 @@ class SpeculativeConfig(_Section):
     synthetic_acceptance_rates: list[float] | None = None
     synthetic_acceptance_length: float | None = None
     acceptance: AcceptanceConfig | None = None
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _method(cls, v):
+        if v == "mlp_speculator":  # (a SpeculativeMethod vLLM 0.22.1's model runner refuses)
+            raise ValueError("vLLM 0.22.1 refuses it at start-up (GPUModelRunner: \"Unknown "
+                             "speculative decoding method: mlp_speculator\")")
+        return v
 
     @field_validator("quantization")
     @classmethod

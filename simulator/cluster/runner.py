@@ -286,8 +286,18 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
     base = cfg.dump_tree(mode="python")
     base.pop("cluster", None)
     out = []
+    engine = "cluster runs" if cfg.cluster is not None else \
+        "runs with cache.kv_offload (the cluster engine)"
     for i, g in enumerate(cl.instances):
         icfg = validate_tree(group_tree(base, g), f"cluster.instances[{i}] ({g.name})")
+        # (the cluster engine's schedulers take neither: refused, not silently dropped)
+        if icfg.speculative_config is not None:
+            raise ConfigError(f"speculative_config: {engine} do not model speculative decoding "
+                              "(the drafter's cost without its tokens would be wrong); leave "
+                              "it out")
+        if icfg.lora.enable_lora:
+            raise ConfigError(f"lora.enable_lora: {engine} do not model multi-LoRA; leave it "
+                              "off")
         out.append((g, icfg))
     return cl, out
 

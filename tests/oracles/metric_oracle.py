@@ -328,7 +328,8 @@ class Oracle:
         self.prefill = self.engine_first - self.first_sched
         self.decode = self.engine_finish - self.engine_first
         with np.errstate(invalid="ignore", divide="ignore"):
-            self.engine_tpot = np.where(self.out > 1, self.decode / (self.out - 1), np.nan)
+            # (vLLM FinishedRequestStats: 0 for a one-token request)
+            self.engine_tpot = np.where(self.out > 1, self.decode / (self.out - 1), 0.0)
 
     def _client_side(self, run: Run, fe: dict | None) -> None:
         """Sends, the API server's asyncio thread (request work, output work per batch) and

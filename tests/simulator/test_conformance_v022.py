@@ -577,6 +577,37 @@ def test_sliding_window_prefix_hit_needs_a_window_of_contiguous_blocks():
     assert c.num_cached_tokens == 6
 
 
+def test_eagle_prefix_hits_drop_their_last_matched_block():
+    """``find_longest_cache_hit(use_eagle=True)`` (EAGLE, EAGLE-3, MTP): the hit drops its
+    last matched block. Full attention, blocks of 16: B shares A's 64-token prefix (4
+    blocks) → 48 hit tokens, not 64. Sliding window 8 on blocks of 2: the run needed is
+    ceil(7 / 2) + 1 = 5 blocks, then the last is dropped: B shares 12 tokens (blocks 0-5),
+    the run of 5 ends at block 5 → 5 blocks from block 1, minus the last → 10 tokens."""
+    prefix = list(range(64))
+    for eagle, want in ((False, 64), (True, 48)):
+        h = Harness(fast_path=False)
+        h.kv.use_eagle = eagle
+        h.add("A", 80, 1, token_ids=prefix + list(range(100, 116)))
+        h.run()
+        b = h.add("B", 80, 1, token_ids=prefix + list(range(200, 216)))
+        h.step()
+        assert b.num_cached_tokens == want
+    for eagle, want in ((False, 12), (True, 10)):
+        h = _sw_harness(num_blocks=100, max_num_batched_tokens=64)
+        h.kv.use_eagle = eagle
+        h.add("A", 16, 2, token_ids=list(range(12)) + [100, 101, 102, 103])
+        h.run()
+        b = h.add("B", 16, 2, token_ids=list(range(12)) + [200, 201, 202, 203])
+        h.step()
+        assert b.num_cached_tokens == want
+    # the scheduler sets the rule from the method (vLLM SpeculativeConfig.use_eagle)
+    for method, eagle in (("eagle", True), ("eagle3", True), ("mtp", True), ("ngram", False),
+                          ("draft_model", False), ("medusa", False)):
+        h = Harness(fast_path=False)
+        h.sched.enable_spec_decode(types.SimpleNamespace(method=method))
+        assert h.kv.use_eagle is eagle
+
+
 def test_sliding_window_admission_reserves_at_most_the_window():
     """``max_admission_blocks_per_request`` = ceil(min(8 − 1 + 16, 4096) / 2) + 1 = 13: a
     40-token prompt (20 blocks) is admitted with 13 free blocks, which it never exceeds."""

@@ -103,10 +103,10 @@ def test_derive_request_columns_by_hand():
     np.testing.assert_array_equal(c["engine_ttft_s"], [0.375, 0.125, nan, nan, 0.375])
     np.testing.assert_array_equal(c["engine_e2el_s"], [1.375, 0.125, nan, nan, 1.375])
     # prefill = engine first token − first scheduled; decode = engine last − first token;
-    # engine TPOT = decode / (out − 1)
+    # engine TPOT = decode / (out − 1), 0 for a one-token request (vLLM observes 0)
     np.testing.assert_array_equal(c["prefill_s"], [0.125, 0.0, nan, nan, 0.125])
     np.testing.assert_array_equal(c["decode_s"], [1.0, 0.0, nan, nan, 1.0])
-    np.testing.assert_array_equal(c["engine_tpot_s"], [0.25, nan, nan, nan, 0.5])
+    np.testing.assert_array_equal(c["engine_tpot_s"], [0.25, 0.0, nan, nan, 0.5])
     np.testing.assert_array_equal(c["frontend_arrival_s"], np.array(c["send_s"]) + 1 / 32)
     np.testing.assert_array_equal(c["tokenized_s"], np.array(c["send_s"]) + 1 / 16)
     np.testing.assert_array_equal(c["queued_s"], np.array(c["send_s"]) + 3 / 32)
@@ -122,13 +122,16 @@ def test_derive_request_columns_by_hand():
 
 def test_derive_engine_only_rows_equal_the_client_times():
     """Without a frontend the engine's times are the client's: engine TTFT/E2EL/TPOT equal
-    the client's, queue = first scheduled − send, prefill = first token − first scheduled,
-    decode = finish − first token."""
+    the client's (but a one-token request's engine TPOT is 0, where vllm bench serve has
+    none), queue = first scheduled − send, prefill = first token − first scheduled, decode =
+    finish − first token."""
     c = derive_request_columns(raw_rows(frontend=False))
     nan = np.nan
     np.testing.assert_array_equal(c["queue_s"], [0.25, 0.125, nan, 0.25, 0.25])
-    for k in ("ttft", "e2el", "tpot"):
+    for k in ("ttft", "e2el"):
         np.testing.assert_array_equal(c[f"engine_{k}_s"], c[f"{k}_s"], err_msg=k)
+    np.testing.assert_array_equal(c["tpot_s"], [0.25, nan, nan, nan, 0.5])
+    np.testing.assert_array_equal(c["engine_tpot_s"], [0.25, 0.0, nan, nan, 0.5])
     np.testing.assert_array_equal(c["engine_ttft_s"], [0.5, 0.25, nan, nan, 0.5])
     np.testing.assert_array_equal(c["prefill_s"], [0.25, 0.125, nan, nan, 0.25])
     np.testing.assert_array_equal(c["decode_s"], [1.0, 0.0, nan, nan, 1.0])

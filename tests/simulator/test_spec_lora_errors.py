@@ -31,6 +31,9 @@ L = str(REPO / "configs" / "llama8b_h100_lora.yaml")
      ("speculative_config.quantization: expected none, fp8, int8, int4-awq, int4-gptq or "
      "vLLM's awq, awq_marlin, gptq, gptq_marlin, auto_gptq, fp8_per_tensor, fp8_per_block, "
      "modelopt (others are not modelled) (got 'garbage')")),
+    (E, ["speculative_config.method=mlp_speculator"],
+     ("speculative_config.method: vLLM 0.22.1 refuses it at start-up (GPUModelRunner: "
+      "\"Unknown speculative decoding method: mlp_speculator\") (got 'mlp_speculator')")),
     (E, ["speculative_config.method=ngram", "speculative_config.prompt_lookup_min=5",
          "speculative_config.prompt_lookup_max=2"],
      ("speculative_config.prompt_lookup_min: prompt_lookup_min=5 must be <= "
@@ -124,3 +127,22 @@ def test_a_run_checks_the_acceptance_column_before_simulating(tmp_path):
     with pytest.raises(ConfigError, match="'alhpa' is not one of the trace's extra columns"):
         run_experiment(spec_trace_config(tmp_path, "alhpa"))
     run_experiment(spec_trace_config(tmp_path, "alpha"))  # the right one runs
+
+
+@pytest.mark.parametrize("config,sets,message", [
+    (E, ["cache.kv_offload={cpu_bytes: 4GiB}"],
+     ("speculative_config: runs with cache.kv_offload (the cluster engine) do not model "
+     "speculative decoding (the drafter's cost without its tokens would be wrong); leave it "
+     "out")),
+    (L, ["cache.kv_offload={cpu_bytes: 4GiB}"],
+     ("lora.enable_lora: runs with cache.kv_offload (the cluster engine) do not model "
+     "multi-LoRA; leave it off")),
+    (E, ["cluster={instances: [{name: a, replicas: 2}]}"],
+     ("speculative_config: cluster runs do not model speculative decoding (the drafter's cost "
+     "without its tokens would be wrong); leave it out")),
+])
+def test_the_cluster_engine_refuses_what_it_would_drop(cli_error, config, sets, message):
+    """Cluster runs and KV-offload runs (the cluster engine) scheduled without speculative
+    decoding or LoRA while charging the drafter's cost and memory: refused, one line."""
+    line = cli_error(config, "workload.num_prompts=5", *sets)
+    assert line.endswith(message), line
