@@ -41,6 +41,7 @@ class Parked:
 
     def __init__(self):
         self.send = array("d")
+        self.queued = array("d")  # engine tail: when the engine loop took it in (QUEUED)
         self.arrival = array("d")
         self.index = array("i")
         self.prompt_len = array("i")
@@ -54,7 +55,7 @@ class Parked:
     def __len__(self) -> int:
         return len(self.send) - self.head
 
-    def push(self, spec: RequestSpec, send_time: float) -> None:
+    def push(self, spec: RequestSpec, send_time: float, queued: float = _NAN) -> None:
         idx = spec.extra["_index"]
         code = -1
         i32 = self.I32
@@ -72,6 +73,7 @@ class Parked:
                 self.prefixes.append(ids)
                 code = len(self.prefixes) - 1
         self.send.append(send_time)
+        self.queued.append(queued)
         self.arrival.append(spec.arrival_s)
         self.prefix.append(code)
         if code < 0:
@@ -84,7 +86,8 @@ class Parked:
         self.prompt_len.append(spec.prompt_len)
         self.output_len.append(spec.output_len)
 
-    def pop(self) -> tuple[RequestSpec, float]:
+    def pop(self) -> tuple[RequestSpec, float, float]:
+        """(spec, send time, QUEUED time) of the head."""
         i = self.head
         code = self.prefix[i]
         if code < 0:
@@ -94,15 +97,15 @@ class Parked:
             spec = RequestSpec(arrival_s=self.arrival[i], prompt_len=self.prompt_len[i],
                                output_len=self.output_len[i], request_id=str(idx),
                                prefix_block_ids=self.prefixes[code], extra={"_index": idx})
-        send = self.send[i]
+        send, queued = self.send[i], self.queued[i]
         self.head += 1
         if self.head >= 65536 and self.head * 2 >= len(self.send):  # drop the consumed head
-            for a in (self.send, self.arrival, self.index, self.prompt_len, self.output_len,
-                      self.prefix):
+            for a in (self.send, self.queued, self.arrival, self.index, self.prompt_len,
+                      self.output_len, self.prefix):
                 del a[:self.head]
             self.base += self.head
             self.head = 0
-        return spec, send
+        return spec, send, queued
 
 
 LB_REFRESH_S = 0.1  # vLLM DPCoordinator: min_stats_update_interval_ms = 100
@@ -277,7 +280,8 @@ class Client:
         if (self.control is None and self._parks()
                 and not self._rejection(*Request.limits(spec, self.max_model_len))):
             self.parked.push(spec, send)
-            self.frontend.held.push(arrival, tokenized, queued, server)
+            self.frontend.held.push(arrival, tokenized, self.replicas[0].queued_at(queued),
+                                    server)
             return
         req = Request(spec, spec.extra["_index"], self.max_model_len, send)
         req.arrival_time = arrival
@@ -310,10 +314,13 @@ class Client:
         spec = req.spec
         if self._parks():
             self._live.pop(req.index, None)
-            self.parked.push(spec, req.send_time)
+            queued = self.replicas[0].queued_at(self.env._now)  # (its QUEUED time)
             if self.frontend is not None:
                 fe = req.fe
-                self.frontend.held.push(req.arrival_time, fe[1], fe[2], fe[0])
+                self.parked.push(spec, req.send_time)
+                self.frontend.held.push(req.arrival_time, fe[1], queued, fe[0])
+            else:
+                self.parked.push(spec, req.send_time, queued)
             return
         self._live[req.index] = req
         if len(self.replicas) == 1:
@@ -355,12 +362,14 @@ class Client:
         parked, replica = self.parked, self.replicas[0]
         sched = replica.scheduler
         while len(parked) and sched.num_waiting < self.park_after:
-            spec, send = parked.pop()
+            spec, send, queued = parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             if self.frontend is not None:
                 self.frontend.held.pop_into(req)
+            else:
+                req.queued_time = queued
             self._live[req.index] = req
-            replica.add_request(req)
+            replica.add_taken_in(req)
 
     def _reject_reason(self, req: Request) -> str:
         """Why the API server refuses ``req`` ("" if it does not), :meth:`_rejection`."""
@@ -404,7 +413,7 @@ class Client:
         the client queue, or waiting for a parent that never finished) as ``in_flight``, so
         every request of the workload has a row. Normally there is none."""
         while self.parked is not None and len(self.parked):
-            spec, send = self.parked.pop()
+            spec, send, _ = self.parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             if self.frontend is not None:
                 self.frontend.held.pop_into(req)

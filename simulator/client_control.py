@@ -179,7 +179,7 @@ class ClientControl:
         c = self.c
         keep = []
         while len(c._queue):
-            spec, send = c._queue.pop()
+            spec, send, _ = c._queue.pop()
             if spec.extra.get("stage") != k:
                 keep.append((spec, send))
                 continue

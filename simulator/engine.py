@@ -11,6 +11,7 @@ benchmark client that feeds it is in ``simulator/client.py``; its records go to 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -47,6 +48,11 @@ class Replica:
         self.replica_id = replica_id
         self._wake: simpy.Event | None = None
         self._aborts: list[Request] = []  # client aborts that arrived during a step
+        # vLLM's engine loop takes new requests in between steps (``_process_input_queue``):
+        # when the step (or batch) being waited for ends; the requests that came during it
+        # (not yet in vLLM's waiting queue when that step's stats are taken)
+        self._busy_until = -math.inf
+        self._undrained: list[Request] = []
         self._inflight: deque | None = None  # batches in flight (pipeline parallelism)
         self.num_steps = 0
         self.busy_seconds = 0.0
@@ -59,9 +65,32 @@ class Replica:
         return s.num_waiting * 4 + s.num_running
 
     def add_request(self, req: Request) -> None:
+        """``req`` reaches the engine core: stamped QUEUED when the engine loop takes it in
+        (:meth:`queued_at`), it joins the scheduler's waiting queue now (the next
+        ``schedule()`` comes after that moment either way)."""
+        q = self.queued_at(self.env._now, req)
+        if req.fe is not None:
+            req.fe[2] = q
+        else:
+            req.queued_time = q
+        self.add_taken_in(req)
+
+    def add_taken_in(self, req: Request) -> None:
+        """``req`` joins the waiting queue, its QUEUED time already set (a parked request)."""
         self.scheduler.add_request(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def queued_at(self, now: float, req=None) -> float:
+        """When vLLM's engine loop takes in a request that reaches the engine core at ``now``
+        (its QUEUED event): at once when idle, else when the step (async: the batch) being
+        waited for ends, just before the next ``schedule()``; such a request (``req``, or a
+        parked one: None) is left out of that step's waiting gauge."""
+        b = self._busy_until
+        if b > now:
+            self._undrained.append(req)
+            return b
+        return now
 
     # -- abort path ----------------------------------------------------------------------------
     def abort(self, req: Request) -> None:
@@ -104,6 +133,7 @@ class Replica:
         on_step, rid = rec.on_step, self.replica_id
         itl_e, itl_w, eitl = rec.itl_explicit, rec.itl_weighted, rec.engine_itl_pairs
         on_columns = rec.on_step_columns
+        undrained, WAITING = self._undrained, RequestStatus.WAITING
         sink_rows = rec.SINK_ROWS if rec.sink is not None and rec.steps is not None else 1 << 62
 
         def record(out, now: float, dt: float) -> None:
@@ -122,11 +152,15 @@ class Replica:
             c_dt.append(dt)
             c_tok.append(out.total_num_scheduled_tokens)
             c_run.append(sched.num_running)
+            waiting = sched.num_waiting
+            if undrained:  # (not in vLLM's waiting queue yet; an aborted one is in neither)
+                waiting -= sum(1 for r in undrained if r is None or r.status == WAITING)
+                undrained.clear()
             if parked:  # waiting = the engine's queue + the client's compact tail
-                c_wait.append(sched.num_waiting + len(parked))
+                c_wait.append(waiting + len(parked))
                 rec.refill()
             else:
-                c_wait.append(sched.num_waiting)
+                c_wait.append(waiting)
             c_kv.append(usage())
             c_pre.append(sched.num_preemptions)
             c_q.append(stats.queries)
@@ -255,6 +289,7 @@ class Replica:
                 self._trace(out)
             dt = step_seconds(out.shape)
             if not advance(dt):  # (another event first)
+                self._busy_until = env._now + dt
                 yield env.timeout(dt)
             now = env._now
             self.busy_seconds += dt
@@ -380,6 +415,7 @@ class Replica:
             item = inflight.popleft()
             wait = item[1] - env._now
             if wait > 0 and not advance(wait):  # (another event first)
+                self._busy_until = item[1]
                 yield env.timeout(wait)
             batch_returns(item, env._now)
 
@@ -428,6 +464,7 @@ class Replica:
                 continue
             wait = done - env.now
             if wait > 0 and not advance(wait):  # (another event first)
+                self._busy_until = done
                 yield env.timeout(wait)
             now = env.now
             finished = sched.update_from_output(out, now, now - start, itl_e, itl_w)

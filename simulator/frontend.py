@@ -186,7 +186,7 @@ class _Ingress:
     def pop(self):
         if self.d:
             return self.d.popleft()
-        spec, send = self.q.pop()
+        spec, send, _ = self.q.pop()
         h = self.h
         t = self.t[h]
         self.h = h + 1

@@ -110,7 +110,8 @@ class Recorder:
         a_fe_arrival(r.arrival_time)
         fe = r.fe  # frontend.FE_*: server, tokenized, queued, engine first/last token, ...
         if fe is None:
-            tok = queued = r.send_time
+            tok = r.send_time
+            queued = r.queued_time if r.queued_time == r.queued_time else tok  # (NaN: never)
             e_first = it_first = e_fin = it_fin = _NAN
         else:
             _, tok, queued, e_first, it_first, e_fin, it_fin = fe[:7]  # (+ stream state)

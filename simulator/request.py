@@ -97,6 +97,7 @@ class Request:
         "priority",
         "prompt_len",
         "prompt_token_ids",
+        "queued_time",
         "request_id",
         "root_hash",
         "run_seq",
@@ -133,6 +134,9 @@ class Request:
         self.arrival_time = send_time
         self.send_time = send_time
         self.fe = None
+        # when the engine core's loop took it in (vLLM's QUEUED event; without a frontend
+        # model; with one it is ``fe[2]``): NaN until it reaches the engine
+        self.queued_time = _NAN
         self.itls = None  # the client's inter-token gaps, when recorded (output.save_detailed)
         self.num_tokens = self.prompt_len
         self.num_computed_tokens = 0

@@ -29,8 +29,9 @@ From those events alone:
   earlier than ``ipc_s`` later; vLLM's ``arrival_time`` = end of the request work; the
   tokenizer: micro-batches opened by the first queued request (or when the previous batch
   is done), closed ``tokenizer_batch_wait_s`` later, tokenized = close + per-token cost of
-  the batch, queued in the engine core ``ipc_s`` later; the client sees a batch's tokens
-  when its output work ends;
+  the batch, in the engine core ``ipc_s`` later, queued (taken in by the engine loop) then
+  if no batch is in flight, else when the next batch returns; the client sees a batch's
+  tokens when its output work ends;
 - the client: open loop = send at arrival; with ``max_concurrency`` C, request i goes out at
   max(arrival_i, the earliest client-side finish of the C requests in flight) (vLLM's
   ``asyncio.Semaphore`` around ``request_func``);
@@ -312,8 +313,16 @@ class Oracle:
         self._client_side(run, fe)
         if fe is not None:
             self._tokenizer(fe)
-        else:  # the engine alone: vLLM's arrival_time and the queueing are the send's
+        else:  # the engine alone: vLLM's arrival_time and the arrival at the core are the send
             self.fe_arrival = self.tokenized = self.queued = self.send.copy()
+        # vLLM's engine loop takes a request in (QUEUED) between steps: at once when no batch
+        # is in flight when it reaches the engine core, else when the next batch returns
+        starts = np.array([b.scheduled_at for b in tap.batches])
+        ends = np.array([b.end for b in tap.batches])
+        self.queued = self.queued.copy()  # (not the arrival's array)
+        for i, a in enumerate(self.queued):
+            if ((starts < a) & (a < ends)).any():
+                self.queued[i] = ends[ends >= a].min()
         self.ttft = self.first_token - self.send
         self.e2el = self.finish - self.send
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -169,13 +169,20 @@ def test_engine_statistics_and_ttft_breakdown(run):
     for k, v in terms.items():  # (summed in whole nanoseconds)
         assert got[k] == pytest.approx(ms(v[d].mean()), rel=1e-6, abs=1e-6), k
     assert sum(got.values()) == pytest.approx(ms(o.ttft[d].mean()), rel=1e-6)
+    # ipc_in: the hop, then the engine core's input queue until the engine loop takes the
+    # request in (the step running when it came ends): at least the hop, more when it came
+    # mid-step (the open-loop scenarios' requests mostly do)
+    wait_in = o.queued - o.tokenized - (o.fe["ipc_s"] if run.frontend else 0.0)
+    assert (wait_in >= -1e-12).all()
+    if "open_loop" in run.name:
+        assert (wait_in[d] > 0).mean() > 0.5
     if run.frontend:
         p = o.fe
-        assert got["ipc_in"] == pytest.approx(ms(p["ipc_s"]), rel=1e-9)
+        assert got["ipc_in"] >= ms(p["ipc_s"]) - 1e-9
         assert got["api_server"] >= ms(p["request_s"]) - 1e-9
         assert j["frontend"]["params"] == FRONTEND_PRIORS
     else:
-        assert all(got[k] == 0 for k in ("api_server", "tokenizer", "ipc_in", "output"))
+        assert all(got[k] == 0 for k in ("api_server", "tokenizer", "output"))
 
 
 def test_frontend_tokenizer_batches(run):

@@ -4,6 +4,8 @@ the same run with and without it writes byte-identical requests.csv and timeseri
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from servesim.reports import write_run
 from servesim.simulator import runner
@@ -55,12 +57,13 @@ def test_parked_round_trip_keeps_specs():
     odd = RequestSpec(arrival_s=0.7, prompt_len=11, output_len=4, request_id="x",
                       priority=2, extra={"_index": 1})
     p.push(plain, 0.5)
-    p.push(odd, 0.9)
+    p.push(odd, 0.9, 1.25)  # (with its QUEUED time: parked behind the engine's queue)
     assert len(p) == 2 and p.special == {1: odd}
-    a, ta = p.pop()
-    b, tb = p.pop()
+    a, ta, qa = p.pop()
+    b, tb, qb = p.pop()
     assert (a.arrival_s, a.prompt_len, a.output_len, a.request_id, a.prefix_block_ids,
             a.extra, ta) == (0.5, 10, 3, "0", ids, {"_index": 0}, 0.5)
+    assert math.isnan(qa) and qb == 1.25
     assert b is odd and tb == 0.9 and len(p) == 0
 
 
@@ -81,7 +84,7 @@ def test_parked_keeps_values_past_int32_as_objects():
         p.push(s, 10.0 + k)
     assert sorted(p.special) == [1, 2] and p.index.itemsize == 4
     out = [p.pop() for _ in specs]
-    assert [t for _, t in out] == [10.0, 11.0, 12.0, 13.0]
+    assert [t for _, t, _ in out] == [10.0, 11.0, 12.0, 13.0]
     assert out[1][0] is specs[1] and out[2][0] is specs[2]
     for k in (0, 3):
         s = out[k][0]
@@ -102,9 +105,9 @@ def test_compact_tokenizer_queue_changes_nothing(monkeypatch, tmp_path):
     pushed = []
     orig = Parked.push
 
-    def spy(self, spec, t):
+    def spy(self, spec, t, *q):
         pushed.append(t)
-        orig(self, spec, t)
+        orig(self, spec, t, *q)
 
     monkeypatch.setattr(frontend._Ingress, "SHORT", 4)
     monkeypatch.setattr(Parked, "push", spy)

@@ -12,6 +12,7 @@ import simpy
 from harness import Harness, run_engine
 from servesim.simulator.client import Client
 from servesim.simulator.config import load_config, resolve_config
+from servesim.simulator.engine import Replica
 from servesim.simulator.request import Request, RequestStatus
 from servesim.workloads.schema import RequestSpec
 
@@ -650,3 +651,38 @@ def test_cuda_graph_size_checks_as_vllm():
                        r"cudagraph_capture_sizes \(6\)"):
         resolve_config(load_config(eagle, ["compilation.cudagraph_capture_sizes=[1,2,3,5,6]",
                                            "compilation.max_cudagraph_capture_size=5"]))
+
+
+# -- EngineCoreProc.run_busy_loop: new requests taken in between steps --------------------------
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_requests_are_taken_in_between_steps(async_scheduling):
+    """vLLM's engine loop drains its input queue (``_process_input_queue``) between steps: a
+    request that reaches the engine core during a step is QUEUED (stamped and counted as
+    waiting) when that step (async: the batch being waited for) ends; one that reaches an idle
+    engine, at once. Steps of 1 s: A at 0 (idle: queued 0), B at 0.4 (during A's prefill
+    step [0, 1]: queued 1, first scheduled at 1 either way), C at 5 after everything ended
+    (idle: queued 5). The waiting gauge of the step ending at 1 leaves B out."""
+    from servesim.simulator.recorder import Recorder
+
+    h = Harness(async_scheduling=async_scheduling)
+    env = simpy.Environment()
+    rec = Recorder()
+    rep = Replica(env, h.sched, lambda shape: 1.0, rec, h.finished.append,
+                  max_concurrent_batches=1, async_scheduling=async_scheduling)
+    reqs = {}
+
+    def arrive():
+        for t, rid in ((0.0, "A"), (0.4, "B"), (5.0, "C")):
+            yield env.timeout(t - env.now)
+            reqs[rid] = h.make(rid, 8, 2)
+            rep.add_request(reqs[rid])
+
+    env.process(arrive())
+    env.run()
+    assert [reqs[r].queued_time for r in "ABC"] == [0.0, 1.0, 5.0]
+    assert [reqs[r].first_scheduled_time for r in "ABC"] == [0.0, 1.0, 5.0]
+    steps = rec.step
+    i = list(steps["time_s"]).index(1.0)
+    assert steps["waiting"][i] == 0  # (B is in the scheduler's queue, not yet in vLLM's)
+    assert h.sched.num_waiting == 0 and len(h.finished) == 3
