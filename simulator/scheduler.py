@@ -341,9 +341,11 @@ class Scheduler(DecodeGroup):
         self._run_seq += 1
         self._partials.append(req)
         req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_computed
-        if req.num_cached_tokens < 0:
+        # vLLM's prefill stats: set at every admission that looked the prefix up (not one
+        # whose KV arrived from a connector) until the request's first output takes them
+        if req.num_output_tokens == 0 and req.num_computed_tokens == 0:
             req.num_cached_tokens = num_computed
+        req.num_computed_tokens = num_computed
         out.scheduled.append((req, n, num_computed))
         out.total_num_scheduled_tokens += n
         return req

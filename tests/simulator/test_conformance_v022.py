@@ -686,3 +686,30 @@ def test_requests_are_taken_in_between_steps(async_scheduling):
     i = list(steps["time_s"]).index(1.0)
     assert steps["waiting"][i] == 0  # (B is in the scheduler's queue, not yet in vLLM's)
     assert h.sched.num_waiting == 0 and len(h.finished) == 3
+
+
+def test_num_cached_tokens_are_the_last_admission_before_the_first_output():
+    """vLLM's prefill stats (``request.prefill_stats.set`` at every admission that looks the
+    prefix up, taken by the request's first output): a request preempted before its first
+    token reports the hits of its re-admission; one preempted after it keeps the first. 13
+    blocks of 4 tokens, a 4-token step budget, B decoding: A (40 tokens) is preempted
+    mid-prefill and comes back with its first block cached → 4; A of 32 tokens is preempted
+    after its first token and comes back with 4 hits → still 0."""
+    for plen, want_first_out, want in ((40, 0, 4), (32, 1, 0)):
+        h = Harness(num_blocks=13, block_size=4, max_num_batched_tokens=4, max_num_seqs=4,
+                    fast_path=False, max_model_len=128)
+        admissions = []
+        admit = h.sched._admit
+
+        def spy(out, n, num_computed, admit=admit, admissions=admissions):
+            r = admit(out, n, num_computed)
+            admissions.append((r.request_id, num_computed, r.num_output_tokens))
+            return r
+
+        h.sched._admit = spy
+        h.add("B", 4, 40)
+        h.step()
+        a = h.add("A", plen, 2)
+        h.run()
+        assert [x[1:] for x in admissions if x[0] == "A"] == [(0, 0), (4, want_first_out)]
+        assert a.num_preemptions == 1 and a.num_cached_tokens == want
