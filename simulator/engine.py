@@ -134,6 +134,9 @@ class Replica:
         itl_e, itl_w, eitl = rec.itl_explicit, rec.itl_weighted, rec.engine_itl_pairs
         on_columns = rec.on_step_columns
         undrained, WAITING = self._undrained, RequestStatus.WAITING
+        # data parallel: each engine's latest gauges and counters (Recorder.engine_rows); a
+        # row then holds their sums (KV usage: their mean), vLLM's per-engine series summed
+        peers = rec.engine_rows
         sink_rows = rec.SINK_ROWS if rec.sink is not None and rec.steps is not None else 1 << 62
 
         def record(out, now: float, dt: float) -> None:
@@ -151,20 +154,30 @@ class Replica:
             c_time.append(now)
             c_dt.append(dt)
             c_tok.append(out.total_num_scheduled_tokens)
-            c_run.append(sched.num_running)
             waiting = sched.num_waiting
             if undrained:  # (not in vLLM's waiting queue yet; an aborted one is in neither)
                 waiting -= sum(1 for r in undrained if r is None or r.status == WAITING)
                 undrained.clear()
-            if parked:  # waiting = the engine's queue + the client's compact tail
-                c_wait.append(waiting + len(parked))
-                rec.refill()
+            if peers is None:
+                c_run.append(sched.num_running)
+                if parked:  # waiting = the engine's queue + the client's compact tail
+                    c_wait.append(waiting + len(parked))
+                    rec.refill()
+                else:
+                    c_wait.append(waiting)
+                c_kv.append(usage())
+                c_pre.append(sched.num_preemptions)
+                c_q.append(stats.queries)
+                c_h.append(stats.hits)
             else:
-                c_wait.append(waiting)
-            c_kv.append(usage())
-            c_pre.append(sched.num_preemptions)
-            c_q.append(stats.queries)
-            c_h.append(stats.hits)
+                peers[rid] = (sched.num_running, waiting, usage(), sched.num_preemptions,
+                              stats.queries, stats.hits)
+                c_run.append(sum(p[0] for p in peers))
+                c_wait.append(sum(p[1] for p in peers))
+                c_kv.append(sum(p[2] for p in peers) / len(peers))
+                c_pre.append(sum(p[3] for p in peers))
+                c_q.append(sum(p[4] for p in peers))
+                c_h.append(sum(p[5] for p in peers))
             c_nd.append(shape.num_decode)
             c_pt.append(shape.num_tokens - shape.num_decode - shape.num_spec_tokens)
             c_gen.append(out.num_new_tokens)

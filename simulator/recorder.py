@@ -59,6 +59,10 @@ class Recorder:
         self.engine_itl_pairs: list[tuple[float, int]] = []
         self.on_step: Callable | None = None
         self.parked = None  # the client's Parked queue (counted as waiting), if any
+        # Data parallel (several engines recording here): one slot per engine with its latest
+        # (running, waiting, KV usage, preemptions, prefix queries, prefix hits); step rows
+        # then hold the sums over engines (KV usage: the mean). None: one engine.
+        self.engine_rows: list[tuple] | None = None
         self.refill: Callable[[], None] | None = None  # moves parked requests in
         # Staged runs (simulator/client_control.py): ITL samples per stage, split at stage
         # starts (samples are attributed to the stage during which they were emitted).

@@ -183,6 +183,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                                 max_concurrent_batches=batches, async_scheduling=async_sched,
                                 decode_seconds=cost.decode_step_seconds))
 
+    if len(replicas) > 1:  # (the engines' gauges and counters summed in each step row)
+        rec.engine_rows = [(0, 0, 0.0, 0, 0, 0)] * len(replicas)
     meta = workload.meta
     control = _client_control(cfg, meta)
     if request_sink is not None:  # (the columns requests.csv gets)

@@ -68,6 +68,23 @@ def test_data_parallel_replicas_share_the_load():
     assert two.duration_s < 0.75 * one.duration_s
 
 
+def test_data_parallel_timeseries_sums_the_engines():
+    """With DP > 1 each step row holds the engines' latest gauges and counters summed (KV usage:
+    their mean), vLLM's per-engine series summed: the counters never go back and end at the
+    run's totals; at rate inf each engine runs its full 256 seats at first, so the running
+    gauge reaches 2 × 256 (one engine's count alone never exceeds 256)."""
+    two = run("workload.request_rate=inf", "workload.num_prompts=1200",
+              "parallel.data_parallel_size=2")
+    s = {k: np.asarray(v) for k, v in two.steps.items()}
+    for col, total in (("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
+                       ("vllm:prefix_cache_hits_total", "prefix_cache_hits"),
+                       ("vllm:num_preemptions_total", "num_preemptions")):
+        assert (np.diff(s[col]) >= 0).all(), col
+        assert s[col][-1] == two.counters[total], col
+    assert s["vllm:num_requests_running"].max() == 512
+    assert (s["vllm:kv_cache_usage_perc"] <= 1).all()
+
+
 def _run70(*ov):
     cfg = resolve_config(load_config(None, [
         "model.name=llama-3.1-70b", "model.max_model_len=8192", "hardware.name=h100-sxm",
