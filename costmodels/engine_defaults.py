@@ -174,6 +174,26 @@ def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int,
     return sizes
 
 
+# vLLM 0.22.1 FI_ALLREDUCE_FUSION_MAX_SIZE_MB: {compute capability: {TP: MiB}}
+_AR_RMS_FUSION_MAX_MB = {90: {2: 64, 4: 2, 8: 1}, 100: {2: 64, 4: 32, 8: 1}}
+
+
+def allreduce_rms_fusion_tokens(cfg, hw: HardwareSpec, spec: ModelSpec) -> int:
+    """Largest padded batch (tokens) whose all-reduces vLLM fuses with the RMSNorm after them
+    (-O2/-O3 ``fuse_allreduce_rms``, ``enable_allreduce_rms_fusion``: TP > 1 on compute
+    capability 9.0 or 10.x with FlashInfer, compiled; ``AllReduceFusionPass`` over the
+    compile range up to ``flashinfer_max_size(tp) // (hidden · 2 bytes)``); 0: never (TP 1,
+    other GPUs, TP not 2/4/8, -O0/-O1, ``enforce_eager``)."""
+    tp = cfg.parallel.tensor_parallel_size
+    cc = hw.compute_capability
+    if (tp == 1 or cc is None or cfg.model.enforce_eager
+            or getattr(cfg, "optimization_level", 2) < 2):
+        return 0
+    family = 90 if cc == 9.0 else 100 if 10.0 <= cc < 11.0 else None
+    mb = _AR_RMS_FUSION_MAX_MB.get(family, {}).get(tp)
+    return 0 if mb is None else int(mb * 2**20) // (spec.hidden_size * 2)
+
+
 def full_decode_sizes(sizes: list[int], decode_query_len: int, max_num_seqs: int) -> list[int]:
     """The capture sizes that get a FULL decode graph beside a mixed mode (FULL_AND_PIECEWISE,
     FULL_DECODE_ONLY): uniform decode batches of q…q·max_num_seqs tokens, q = 1 + speculative
@@ -184,6 +204,7 @@ def full_decode_sizes(sizes: list[int], decode_query_len: int, max_num_seqs: int
 
 __all__ = [
     "LEVEL_CUDAGRAPH_MODE",
+    "allreduce_rms_fusion_tokens",
     "batch_limits",
     "capture_sizes",
     "cudagraph_mode",

@@ -216,8 +216,14 @@ class OperatorCosts:
     def _dense_ops(self, T: int, ops: list[OpCost]) -> list[OpCost]:
         s, L, tp = self.spec, self.L, self.tp
         h = s.hidden_size
-        ops.append(self._elementwise("input_layernorm", 2 * L + 1, 4 * T * h * ACT_BYTES,
-                                     _K_NORM))
+        # at TP > 1 every norm follows an all-reduce (embedding, o_proj, down_proj / MoE);
+        # vLLM's AllReduceFusionPass runs the pair as one FlashInfer kernel up to
+        # ``allreduce_rms_fusion_tokens``: the norm's pass over the activations is the
+        # all-reduce's, its time taken as the all-reduce's
+        fused = T <= self.allreduce_rms_fusion_tokens
+        if not fused:
+            ops.append(self._elementwise("input_layernorm", 2 * L + 1, 4 * T * h * ACT_BYTES,
+                                         _K_NORM))
         merged: dict[str, OpCost] = {}
         for lin, n, k in self._gemms:
             op = self._gemm_op(lin.op, lin, n, k, T)

@@ -60,6 +60,7 @@ from servesim.costmodels.batch import BatchShape, OpCost, StepCost
 from servesim.costmodels.calibration import Calibration, load_calibration
 from servesim.costmodels.engine_defaults import (
     _resolved,
+    allreduce_rms_fusion_tokens,
     cudagraph_sizes,
     full_decode_sizes,
     resolved_cudagraph_mode,
@@ -68,6 +69,7 @@ from servesim.costmodels.engine_defaults import (
 from servesim.costmodels.operators import (
     _K_ATTN,
     _K_LM_HEAD,
+    _K_NORM,
     _K_SAMPLER,
     DEFAULT,
     SPEC_SHEET,
@@ -156,8 +158,12 @@ class StepCostModel(AttentionCosts, OperatorCosts):
                  cudagraph_sizes: list[int] | None = None, enforce_eager: bool = False,
                  calibration: Calibration | None = None,
                  efficiencies: Efficiencies = Efficiencies(),
-                 host: HostOverhead | None = None, num_spec_tokens: int = 0):
+                 host: HostOverhead | None = None, num_spec_tokens: int = 0,
+                 allreduce_rms_fusion_tokens: int = 0):
         validate_parallel(spec, tp, pp)
+        # padded batches up to this many tokens run each all-reduce fused with the RMSNorm
+        # after it (engine_defaults.allreduce_rms_fusion_tokens; 0: never)
+        self.allreduce_rms_fusion_tokens = allreduce_rms_fusion_tokens if tp > 1 else 0
         self.spec, self.hw, self.tp, self.pp = spec, hw, tp, pp
         self.weight_format = weight_format or WeightFormat("bf16", 2.0, "bf16")
         self.kv_dtype_bytes = kv_dtype_bytes
@@ -277,6 +283,8 @@ class StepCostModel(AttentionCosts, OperatorCosts):
             FULL: ho.graph_launch_s,
             PIECEWISE: (L + 1) * ho.graph_launch_s + L * _K_ATTN * ho.launch_s,
         }
+        # an eager (compiled, ungraphed) step with fused all-reduce + RMSNorm: no norm kernels
+        self._launch_fused_eager = (n_eager - (2 * L + 1) * _K_NORM) * ho.launch_s
         self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
         self._dense_cache: dict[int, float] = {}
         self._uva: dict[str, int] = {}  # --cpu-offload-gb: linear -> layers read over UVA
@@ -364,7 +372,8 @@ class StepCostModel(AttentionCosts, OperatorCosts):
             if self._attn_floor:
                 att -= self._attn_shared(nd, len(pre))
         gpu += att * self._attn_scale
-        launch = self._launch[mode]
+        launch = self._launch[mode] if mode or Tp > self.allreduce_rms_fusion_tokens \
+            else self._launch_fused_eager
         s = batch.num_sampled
         if s:
             hs = self._head_cache.get(s)
@@ -438,8 +447,10 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         gpu = 0.0
         for op in ops:
             gpu += op.seconds
-        launch = self._launch[mode] + (self._head_launch if batch.num_sampled else 0.0)
-        n_launch = self._launch_count(mode, batch.num_sampled)
+        launch = (self._launch[mode] if mode or Tp > self.allreduce_rms_fusion_tokens
+                  else self._launch_fused_eager) + (self._head_launch if batch.num_sampled
+                                                    else 0.0)
+        n_launch = self._launch_count(mode, batch.num_sampled, Tp)
         fwd = max(gpu, launch)
         ops.append(OpCost("kernel_launch", n_launch, fwd - gpu, 0.0, 0.0, "host", 1.0,
                           self.host_provenance))
@@ -466,7 +477,7 @@ class StepCostModel(AttentionCosts, OperatorCosts):
                 return i + 1
         return len(ops)
 
-    def _launch_count(self, mode: int, s: int) -> int:
+    def _launch_count(self, mode: int, s: int, T: int) -> int:
         L = self.L
         head = (_K_LM_HEAD + _K_SAMPLER) if s else 0
         if mode == FULL:
@@ -474,6 +485,8 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         if mode == PIECEWISE:
             return L + 1 + L * _K_ATTN + head
         n = L * self._layer_kernels + 2 + (2 * L + 1 if self.tp > 1 else 0)
+        if T <= self.allreduce_rms_fusion_tokens:  # (the norms run inside the all-reduces)
+            n -= (2 * L + 1) * _K_NORM
         return round(n) + head
 
     # -- roofline floor (tests, reports) --------------------------------------------------------
@@ -506,6 +519,7 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
     scfg = getattr(cfg, "speculative_config", None)
     k = scfg.num_speculative_tokens if scfg is not None else 0
     sizes = cudagraph_sizes(cfg, seqs, toks)
+    fused = allreduce_rms_fusion_tokens(cfg, hw, spec)
     mode = resolved_cudagraph_mode(cfg)
     cal = load_calibration(cfg.hardware, hw)
     model = StepCostModel(
@@ -517,6 +531,7 @@ def build_cost_model(cfg, *, efficiencies: Efficiencies | None = None,
         cudagraph_mode=mode, cudagraph_sizes=sizes,
         enforce_eager=cfg.model.enforce_eager, calibration=cal,
         efficiencies=efficiencies or Efficiencies(), host=host, num_spec_tokens=k,
+        allreduce_rms_fusion_tokens=fused,
     )
     if scfg is not None:
         from servesim.costmodels.spec_decode import attach_proposer

@@ -305,12 +305,15 @@ def test_mixed_batch_shares_one_step(m8):
 def test_breakdown_fields_by_value_llama70b_tp4():
     """Every op of a decode step: vLLM order; GEMMs memory-bound at 80% of HBM with the
     roofline default provenance; elementwise ops memory-bound at 70%; the all-reduce from the
-    spec sheet (one-shot of 4·8192·2 bytes: the 3 µs latency dominates)."""
+    spec sheet (one-shot of 4·8192·2 bytes: the 3 µs latency dominates). At TP 4 on H100
+    vLLM fuses each all-reduce with the RMSNorm after it up to 2 MiB / (8192 · 2 bytes) =
+    128 tokens: a 4-row decode has no norm op; a 4,096-token prefill keeps its 161 norms."""
     m = model("model.name=llama-3.1-70b", "hardware.name=h100-sxm",
               "parallel.tensor_parallel_size=4")
+    assert m.allreduce_rms_fusion_tokens == 128
     st = m.step_time(decode(4, 1000))
     assert [o.name for o in st.breakdown] == [
-        "embed_tokens", "input_layernorm", "qkv_proj", "rotary_emb", "attn", "o_proj",
+        "embed_tokens", "qkv_proj", "rotary_emb", "attn", "o_proj",
         "gate_up_proj", "act_fn", "down_proj", "all_reduce", "lm_head", "sampler",
         "kernel_launch", "host"]
     o = {x.name: x for x in st.breakdown}
@@ -318,10 +321,11 @@ def test_breakdown_fields_by_value_llama70b_tp4():
         assert (o[name].bound, o[name].efficiency, o[name].provenance) == (
             "memory", 0.80, "roofline:default"), name
     assert o["lm_head"].count == 1 and o["qkv_proj"].count == 80
-    for name in ("embed_tokens", "input_layernorm", "rotary_emb", "act_fn", "sampler"):
+    for name in ("embed_tokens", "rotary_emb", "act_fn", "sampler"):
         assert (o[name].bound, o[name].efficiency, o[name].flops) == ("memory", 0.70, 0.0)
-    assert (o["input_layernorm"].count, o["rotary_emb"].count, o["act_fn"].count) == (
-        161, 80, 80)
+    assert (o["rotary_emb"].count, o["act_fn"].count) == (80, 80)
+    n = {x.name: x for x in m.step_time(prefill(4096)).breakdown}["input_layernorm"]
+    assert (n.count, n.bound, n.efficiency, n.flops) == (161, "memory", 0.70, 0.0)
     ar = o["all_reduce"]
     assert (ar.bound, ar.efficiency, ar.provenance, ar.flops) == ("latency", 1.0,
                                                                   "spec-sheet", 0.0)
@@ -351,10 +355,13 @@ def test_deepseek_mla_ops_and_attention_by_value():
     L, nh, lat, rope, nope, v = 61, 16, 512, 64, 128, 128
     st = m.step_time(decode(2, 3000))
     names = [o.name for o in st.breakdown]
-    assert names[:12] == ["embed_tokens", "input_layernorm", "qkv_a_proj", "q_b_proj",
+    # (the norms run inside the all-reduces: fused up to 1 MiB / (7168 · 2 bytes) = 73 tokens
+    # at TP 8 on Hopper)
+    assert m.allreduce_rms_fusion_tokens == 73
+    assert names[:11] == ["embed_tokens", "qkv_a_proj", "q_b_proj",
                           "kv_b_proj", "rotary_emb", "attn", "o_proj", "gate_up_proj",
                           "act_fn", "down_proj", "router"]
-    assert names[12:15] == ["experts", "shared_experts", "shared_experts.act_fn"]
+    assert names[11:14] == ["experts", "shared_experts", "shared_experts.act_fn"]
     o = {x.name: x for x in st.breakdown}
     kv_tok = (lat + rope) * 2
     f = L * 6000 * (2 * (lat + rope) * nh + 2 * lat * nh)
@@ -530,3 +537,37 @@ def test_gemm_table_formats():
                   *(("parallel.tensor_parallel_size=8",) if name == "deepseek-v3" else ()))
         assert m._gemm_format(lin) == pytest.approx(want), (name, hw, q)
         assert m._gemm_format(head) == ("bfloat16", 2, 2, "bf16")
+
+
+def test_allreduce_rms_fusion_where_vllm_enables_it():
+    """vLLM -O2 ``fuse_allreduce_rms`` (``enable_allreduce_rms_fusion``): TP > 1, compute
+    capability 9.0 or 10.x, compiled; up to FI_ALLREDUCE_FUSION_MAX_SIZE_MB[cc][tp] MiB of
+    hidden states (hidden 4,096 × 2 bytes per token for Llama-3.1-8B): H100 64/2/1 MiB at
+    TP 2/4/8 → 8,192 / 256 / 128 tokens; B200 TP 4: 32 MiB → 4,096; never on A100, at TP 1,
+    with enforce_eager or at -O1. A fused step drops exactly the norms' time (2·32 + 1 = 65
+    norms of 4·T·h bytes each); the all-reduce's stays."""
+    base = ("model.name=llama-3.1-8b",)
+    got = {ov: model(*base, *ov).allreduce_rms_fusion_tokens for ov in (
+        ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=2"),
+        ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=4"),
+        ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=8"),
+        ("hardware.name=b200", "parallel.tensor_parallel_size=4"),
+        ("hardware.name=a100-sxm4-80gb", "parallel.tensor_parallel_size=2"),
+        ("hardware.name=h100-sxm",),
+        ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=2",
+         "model.enforce_eager=true"),
+        ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=2", "optimization_level=1"))}
+    assert list(got.values()) == [8192, 256, 128, 4096, 0, 0, 0, 0]
+    fused = model(*base, "hardware.name=h100-sxm", "parallel.tensor_parallel_size=4")
+    plain = model(*base, "hardware.name=h100-sxm", "parallel.tensor_parallel_size=4")
+    plain.allreduce_rms_fusion_tokens = 0  # (the same model, unfused)
+    for batch in (decode(64, 1024), prefill(200)):  # 64 tokens; 200 → padded 200 (≤ 256)
+        a, b = ops(fused, batch), ops(plain, batch)
+        assert "input_layernorm" not in a and b["input_layernorm"].count == 65
+        T = fused.runtime_mode(batch)[1]
+        assert b["input_layernorm"].bytes == 65 * 4 * T * 4096 * 2
+        assert a["all_reduce"].seconds == b["all_reduce"].seconds
+        assert plain.step_seconds(batch) - fused.step_seconds(batch) == pytest.approx(
+            b["input_layernorm"].seconds, rel=1e-9)
+    big = prefill(2048)  # over 256 tokens: not fused
+    assert ops(fused, big)["input_layernorm"].count == 65
