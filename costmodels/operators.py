@@ -202,18 +202,22 @@ class OperatorCosts:
         bound = "latency" if t_lat >= t_bw else "link"
         return OpCost(name, count, t * count, 0.0, payload * count, bound, 1.0, SPEC_SHEET)
 
-    def dense_ops(self, T: int) -> list[OpCost]:
-        """All ops whose cost depends only on the (padded) token count ``T``, vLLM order."""
+    def dense_ops(self, T: int, graph: bool | None = None) -> list[OpCost]:
+        """All ops whose cost depends only on the (padded) token count ``T``, vLLM order;
+        ``graph``: whether the step replays a CUDA graph (its all-reduces' latency; default:
+        ``T`` within the capture sizes)."""
         h = self.spec.hidden_size
         ops: list[OpCost] = []
         if T <= 0:
             return ops
+        if graph is None:
+            graph = T <= self._max_graph
         ops.append(self._elementwise("embed_tokens", 1, 2 * T * h * ACT_BYTES, 1))
         if self.scales:
-            return self._scaled(self._dense_ops(T, ops))
-        return self._dense_ops(T, ops)
+            return self._scaled(self._dense_ops(T, ops, graph))
+        return self._dense_ops(T, ops, graph)
 
-    def _dense_ops(self, T: int, ops: list[OpCost]) -> list[OpCost]:
+    def _dense_ops(self, T: int, ops: list[OpCost], graph: bool) -> list[OpCost]:
         s, L, tp = self.spec, self.L, self.tp
         h = s.hidden_size
         # at TP > 1 every norm follows an all-reduce (embedding, o_proj, down_proj / MoE);
@@ -269,7 +273,6 @@ class OperatorCosts:
             if uva is not None:
                 ops.append(uva)
         if tp > 1:
-            graph = 0 < T <= self._max_graph
             ops.append(self._comm("all_reduce", 2 * L + 1, T * h * ACT_BYTES, graph=graph))
         if self.pp > 1:
             ops.append(self._comm("pp_send_recv", self.pp - 1, 2 * T * h * ACT_BYTES, "send"))
@@ -297,11 +300,13 @@ class OperatorCosts:
                 ops[i] = OpCost(op.name, op.count, sec, op.flops, op.bytes, op.bound,
                                 roof / sec if sec > 0 else 1.0, prov)
 
-    def _dense_seconds(self, T: int) -> float:
+    def _dense_seconds(self, T: int, graph: bool) -> float:
+        """Σ of :meth:`dense_ops`, cached under ``T`` (replayed in a CUDA graph) or ``-T``
+        (eager: mode NONE, e.g. a mixed batch under FULL_DECODE_ONLY)."""
         t = 0.0
-        for op in self.dense_ops(T):
+        for op in self.dense_ops(T, graph):
             t += op.seconds
-        self._dense_cache[T] = t
+        self._dense_cache[T if graph else -T] = t
         return t
 
     def head_ops(self, s: int) -> list[OpCost]:

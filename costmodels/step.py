@@ -351,9 +351,9 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         else:
             mode = NONE
             Tp = T
-        gpu = self._dense_cache.get(Tp)
+        gpu = self._dense_cache.get(Tp if mode else -Tp)
         if gpu is None:
-            gpu = self._dense_seconds(Tp)
+            gpu = self._dense_seconds(Tp, mode != NONE)
         att = self._attn_fixed if T else 0.0
         if nd:
             ctx = batch.decode_context_sum
@@ -404,7 +404,7 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         mode, Tp = self.runtime_mode(batch)
         nd, pre = batch.num_decode, batch.prefill_new_tokens
         T = batch.num_tokens
-        ops = list(self.dense_ops(Tp))
+        ops = list(self.dense_ops(Tp, mode != NONE))
         # attention (decode rows + prefill chunks share one kernel per layer)
         attn_s = self._attn_fixed if T else 0.0
         flops = nbytes = 0.0

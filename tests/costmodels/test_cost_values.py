@@ -571,3 +571,32 @@ def test_allreduce_rms_fusion_where_vllm_enables_it():
             b["input_layernorm"].seconds, rel=1e-9)
     big = prefill(2048)  # over 256 tokens: not fused
     assert ops(fused, big)["input_layernorm"].count == 65
+
+
+def test_ungraphed_batches_take_the_eager_all_reduce_time():
+    """Under FULL_DECODE_ONLY a mixed batch runs without a CUDA graph (vLLM's dispatcher:
+    no mixed-mode graphs, NONE, unpadded) even within the capture sizes, so its all-reduces
+    take the calibration's eager time, not the graph time of a FULL decode of the same size
+    (Llama-3.1-8B TP 2 on H100, the shipped calibration's all-reduce table)."""
+    from cmutil import make_cfg
+    from servesim.costmodels import build_cost_model
+
+    m = build_cost_model(make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+                                  "parallel.tensor_parallel_size=2",
+                                  "compilation.cudagraph_mode=FULL_DECODE_ONLY"))
+    assert m.calibration is not None and m.calibration.has("allreduce")
+    mixed = BatchShape(num_decode=4, decode_context_sum=400, decode_context_max=100,
+                       prefill_new_tokens=(60,), prefill_context=(0,), num_sampled=5)
+    st = m.step_time(mixed)
+    assert (st.cudagraph, st.padded_batch) == ("NONE", 64)
+    payload = 64 * 4096 * 2
+    eager, _ = m.calibration.allreduce(2, payload, False)
+    graph, _ = m.calibration.allreduce(2, payload, True)
+    assert eager != graph
+    ar = {o.name: o for o in st.breakdown}["all_reduce"]
+    assert ar.seconds == pytest.approx(65 * eager, rel=1e-12)
+    d = m.step_time(decode(64, 100))  # a FULL decode graph of the same 64 tokens
+    assert d.cudagraph == "FULL"
+    assert {o.name: o for o in d.breakdown}["all_reduce"].seconds == pytest.approx(
+        65 * graph, rel=1e-12)
+    assert m.step_seconds(mixed) == pytest.approx(st.seconds, rel=1e-12)
