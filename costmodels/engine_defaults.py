@@ -174,8 +174,10 @@ def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int,
     return sizes
 
 
-# vLLM 0.22.1 FI_ALLREDUCE_FUSION_MAX_SIZE_MB: {compute capability: {TP: MiB}}
-_AR_RMS_FUSION_MAX_MB = {90: {2: 64, 4: 2, 8: 1}, 100: {2: 64, 4: 32, 8: 1}}
+# vLLM 0.22.1 FI_ALLREDUCE_FUSION_MAX_SIZE_MB (compilation/passes/fusion/allreduce_rms_fusion.py,
+# the table PassConfig.flashinfer_max_size reads): {capability as an int: {TP: MiB}}
+_AR_RMS_FUSION_MAX_MB = {90: {2: 64, 4: 2, 8: 0.5}, 100: {2: 64, 4: 32, 8: 1},
+                         103: {2: 64, 4: 64, 8: 2}}
 
 
 def allreduce_rms_fusion_tokens(cfg, hw: HardwareSpec, spec: ModelSpec) -> int:
@@ -189,8 +191,9 @@ def allreduce_rms_fusion_tokens(cfg, hw: HardwareSpec, spec: ModelSpec) -> int:
     if (tp == 1 or cc is None or cfg.model.enforce_eager
             or getattr(cfg, "optimization_level", 2) < 2):
         return 0
-    family = 90 if cc == 9.0 else 100 if 10.0 <= cc < 11.0 else None
-    mb = _AR_RMS_FUSION_MAX_MB.get(family, {}).get(tp)
+    if not (cc == 9.0 or 10.0 <= cc < 11.0):  # (is_device_capability(90) / family(100))
+        return 0
+    mb = _AR_RMS_FUSION_MAX_MB.get(round(cc * 10), {}).get(tp)  # (capability.to_int())
     return 0 if mb is None else int(mb * 2**20) // (spec.hidden_size * 2)
 
 

@@ -462,7 +462,9 @@ def plan_memory_for(cfg, spec: ModelSpec, hw: HardwareSpec,
         raise CapacityError(
             f"{where}: No available memory for the cache blocks (weights "
             f"{weights / GIB:.2f} GiB + activation peak {act / GIB:.2f} GiB + non-torch "
-            f"{(non_torch + comm) / GIB:.2f} GiB exceed {requested / GIB:.2f} GiB at "
+            f"{(non_torch + comm) / GIB:.2f} GiB"
+            + (f" + CUDA graph estimate {graphs / GIB:.2f} GiB" if in_budget and graphs else "")
+            + f" exceed {requested / GIB:.2f} GiB at "
             f"gpu_memory_utilization={util}). Try increasing `gpu_memory_utilization` when "
             "initializing the engine."
         )

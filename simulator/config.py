@@ -576,6 +576,26 @@ def _check_stream_interval(c: ExperimentConfig) -> None:
             "true): its output processor is what sends tokens in chunks")
 
 
+def check_cluster_engine_features(c, engine: str | None = None) -> None:
+    """The cluster engine (cluster runs, and runs with ``cache.kv_offload``) schedules without
+    speculative decoding or multi-LoRA: refused, not silently dropped (the drafter's cost and
+    memory would be charged without its tokens). ``engine``: how to name it (default: from
+    ``c``; None there means ``c`` is a plain single-engine config)."""
+    if engine is None:
+        if getattr(c, "cluster", None) is not None:
+            engine = "cluster runs"
+        elif c.cache.kv_offload is not None:
+            engine = "runs with cache.kv_offload (the cluster engine)"
+        else:
+            return
+    if getattr(c, "speculative_config", None) is not None:
+        raise ConfigError(f"speculative_config: {engine} do not model speculative decoding "
+                          "(the drafter's cost without its tokens would be wrong); leave it "
+                          "out")
+    if c.lora.enable_lora:
+        raise ConfigError(f"lora.enable_lora: {engine} do not model multi-LoRA; leave it off")
+
+
 def _check_partial_prefills(s: SchedulerConfig) -> None:
     """vLLM 0.22.1 ``EngineArgs._check_feature_supported``: any max_num_partial_prefills or
     max_long_partial_prefills other than 1 stops the engine at start-up ("Concurrent Partial
@@ -708,6 +728,7 @@ def resolve_config(cfg: ExperimentConfig) -> ExperimentConfig:
     if c.frontend.api_server_count is None:  # vLLM: internal DP load balancing
         c.frontend.api_server_count = c.parallel.data_parallel_size
     _check_stream_interval(c)
+    check_cluster_engine_features(c)
     dp = c.parallel.data_parallel_size
     if spec.num_experts > 1 and dp > 1:
         import warnings

@@ -64,8 +64,9 @@ per-request loop (the decode group hides the members' token counts that decide t
 Timestamps (vLLM's names): ``arrival_time`` = when the renderer starts (after HTTP parse and
 validation; ``vllm:time_to_first_token_seconds`` and ``vllm:e2e_request_latency_seconds`` are
 measured from it to the output handler's ``iteration_timestamp``, the start of the output
-work); ``queued_time`` = the engine core gets the request (``request_queue_time_seconds`` =
-first scheduled − queued). A request's client-visible first-token / finish times are the end
+work); ``queued_time`` = the engine loop takes the request in: when it reaches the engine
+core, or when the step running then ends (``Replica.queued_at``; ``request_queue_time_seconds``
+= first scheduled − queued). A request's client-visible first-token / finish times are the end
 of the output work of the step that produced them.
 
 Requests the API server refuses (prompt too long for ``max_model_len``, ...) are refused

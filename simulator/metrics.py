@@ -78,7 +78,8 @@ CLIENT_COLUMNS = ("stage", "warmup", "attempts")
 # queue_s        = vllm:request_queue_time_seconds    (first scheduled − queued in the engine)
 # prefill_s      = vllm:request_prefill_time_seconds  (first token − first scheduled, engine)
 # decode_s       = vllm:request_decode_time_seconds   (last token − first token, engine)
-# Without a frontend the engine times are the client's (arrival = queued = send).
+# Without a frontend the engine times are the client's (arrival = send); queued is when the
+# engine loop takes the request in (the send, or the end of the step running then).
 ENGINE_COLUMNS = ("engine_ttft_s", "engine_e2el_s", "engine_tpot_s", "prefill_s", "decode_s")
 RAW_STRINGS = ("request_id", "finished_reason", "error")
 COMPLETED_REASONS = ("stop", "length")

@@ -268,7 +268,7 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
     """(cluster config, [(group, resolved instance config)]). Without ``cluster:`` (a single
     engine with ``cache.kv_offload``): one group of ``data_parallel_size`` replicas behind
     vLLM's DP load balancer."""
-    from servesim.simulator.config import validate_tree
+    from servesim.simulator.config import check_cluster_engine_features, validate_tree
 
     cl = cfg.cluster
     if cl is None:  # (vLLM's balancer runs in each of the API servers; a dense model's DP
@@ -290,14 +290,7 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
         "runs with cache.kv_offload (the cluster engine)"
     for i, g in enumerate(cl.instances):
         icfg = validate_tree(group_tree(base, g), f"cluster.instances[{i}] ({g.name})")
-        # (the cluster engine's schedulers take neither: refused, not silently dropped)
-        if icfg.speculative_config is not None:
-            raise ConfigError(f"speculative_config: {engine} do not model speculative decoding "
-                              "(the drafter's cost without its tokens would be wrong); leave "
-                              "it out")
-        if icfg.lora.enable_lora:
-            raise ConfigError(f"lora.enable_lora: {engine} do not model multi-LoRA; leave it "
-                              "off")
+        check_cluster_engine_features(icfg, engine)  # (a group may set them itself)
         out.append((g, icfg))
     return cl, out
 

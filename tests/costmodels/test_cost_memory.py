@@ -329,3 +329,14 @@ def test_explicit_16_bit_kv_cache_dtypes_are_auto_sized():
             batch) == t_auto
     with pytest.raises(ConfigError, match="cache.cache_dtype"):
         make_cfg(*L8B, "cache.cache_dtype=nvfp4")
+
+
+def test_no_kv_memory_error_names_the_graph_estimate():
+    """At 0.1975 of 79.15 GiB (15.63 GiB) the weights, activation peak and non-torch memory
+    fit (15.57 GiB) and the 0.38 GiB CUDA-graph estimate does not: the message says so."""
+    with pytest.raises(CapacityError, match=r"No available memory for the cache blocks "
+                       r"\(weights 14.99 GiB \+ activation peak 0.43 GiB \+ non-torch 0.15 GiB "
+                       r"\+ CUDA graph estimate 0.38 GiB exceed 15.63 GiB at "
+                       r"gpu_memory_utilization=0.1975\)"):
+        plan_memory(make_cfg("model.name=llama-3.1-8b", "hardware.name=a100-sxm4-80gb",
+                             "cache.gpu_memory_utilization=0.1975"))

@@ -355,9 +355,9 @@ def test_deepseek_mla_ops_and_attention_by_value():
     L, nh, lat, rope, nope, v = 61, 16, 512, 64, 128, 128
     st = m.step_time(decode(2, 3000))
     names = [o.name for o in st.breakdown]
-    # (the norms run inside the all-reduces: fused up to 1 MiB / (7168 · 2 bytes) = 73 tokens
-    # at TP 8 on Hopper)
-    assert m.allreduce_rms_fusion_tokens == 73
+    # (the norms run inside the all-reduces: fused up to 0.5 MiB / (7168 · 2 bytes) = 36
+    # tokens at TP 8 on Hopper)
+    assert m.allreduce_rms_fusion_tokens == 36
     assert names[:11] == ["embed_tokens", "qkv_a_proj", "q_b_proj",
                           "kv_b_proj", "rotary_emb", "attn", "o_proj", "gate_up_proj",
                           "act_fn", "down_proj", "router"]
@@ -542,9 +542,10 @@ def test_gemm_table_formats():
 def test_allreduce_rms_fusion_where_vllm_enables_it():
     """vLLM -O2 ``fuse_allreduce_rms`` (``enable_allreduce_rms_fusion``): TP > 1, compute
     capability 9.0 or 10.x, compiled; up to FI_ALLREDUCE_FUSION_MAX_SIZE_MB[cc][tp] MiB of
-    hidden states (hidden 4,096 × 2 bytes per token for Llama-3.1-8B): H100 64/2/1 MiB at
-    TP 2/4/8 → 8,192 / 256 / 128 tokens; B200 TP 4: 32 MiB → 4,096; never on A100, at TP 1,
-    with enforce_eager or at -O1. A fused step drops exactly the norms' time (2·32 + 1 = 65
+    hidden states (hidden 4,096 × 2 bytes per token for Llama-3.1-8B): H100 64/2/0.5 MiB at
+    TP 2/4/8 → 8,192 / 256 / 64 tokens; B200 (10.0) TP 4 / 8: 32 / 1 MiB → 4,096 / 128;
+    B300 (10.3) TP 4 / 8: 64 / 2 MiB → 8,192 / 256; never on A100, at TP 1, with
+    enforce_eager or at -O1. A fused step drops exactly the norms' time (2·32 + 1 = 65
     norms of 4·T·h bytes each); the all-reduce's stays."""
     base = ("model.name=llama-3.1-8b",)
     got = {ov: model(*base, *ov).allreduce_rms_fusion_tokens for ov in (
@@ -552,12 +553,15 @@ def test_allreduce_rms_fusion_where_vllm_enables_it():
         ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=4"),
         ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=8"),
         ("hardware.name=b200", "parallel.tensor_parallel_size=4"),
+        ("hardware.name=b200", "parallel.tensor_parallel_size=8"),
+        ("hardware.name=b300", "parallel.tensor_parallel_size=4"),
+        ("hardware.name=b300", "parallel.tensor_parallel_size=8"),
         ("hardware.name=a100-sxm4-80gb", "parallel.tensor_parallel_size=2"),
         ("hardware.name=h100-sxm",),
         ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=2",
          "model.enforce_eager=true"),
         ("hardware.name=h100-sxm", "parallel.tensor_parallel_size=2", "optimization_level=1"))}
-    assert list(got.values()) == [8192, 256, 128, 4096, 0, 0, 0, 0]
+    assert list(got.values()) == [8192, 256, 64, 4096, 128, 8192, 256, 0, 0, 0, 0]
     fused = model(*base, "hardware.name=h100-sxm", "parallel.tensor_parallel_size=4")
     plain = model(*base, "hardware.name=h100-sxm", "parallel.tensor_parallel_size=4")
     plain.allreduce_rms_fusion_tokens = 0  # (the same model, unfused)

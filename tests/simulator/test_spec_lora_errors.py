@@ -4,6 +4,7 @@ memory (the draft model, the LoRA slots), not only the target's weights."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,9 @@ def test_the_cluster_engine_refuses_what_it_would_drop(cli_error, config, sets, 
     decoding or LoRA while charging the drafter's cost and memory: refused, one line."""
     line = cli_error(config, "workload.num_prompts=5", *sets)
     assert line.endswith(message), line
+    # refused when the config is resolved (simulate validate, sweeps and plans check it up
+    # front), not only when it runs
+    from servesim.simulator.config import resolve_config
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_config(load_config(config, list(sets)))
