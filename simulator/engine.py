@@ -156,7 +156,9 @@ class Replica:
             c_tok.append(out.total_num_scheduled_tokens)
             waiting = sched.num_waiting
             if undrained:  # (not in vLLM's waiting queue yet; an aborted one is in neither)
-                waiting -= sum(1 for r in undrained if r is None or r.status == WAITING)
+                for r in undrained:
+                    if r is None or r.status == WAITING:
+                        waiting -= 1
                 undrained.clear()
             if peers is None:
                 c_run.append(sched.num_running)
