@@ -72,8 +72,10 @@ def summary_lines(bench: dict) -> list[str]:
         from servesim.reports.bench_result import TTFT_TERMS
 
         lines.append("{s:{c}^{n}}".format(s="Mean TTFT breakdown", n=WIDTH, c="-"))
+        labels = {"ipc_in": "ipc in + input queue"}  # (the engine loop takes it in later)
         for name, _, _, _ in TTFT_TERMS:
-            lines.append(_row(f"  {name.replace('_', ' ')} (ms):", bd.get(name), ".3f"))
+            label = labels.get(name, name.replace("_", " "))
+            lines.append(_row(f"  {label} (ms):", bd.get(name), ".3f"))
         fe = bench["frontend"]
         p = fe.get("params") or {}
         lines.append(_row("API servers:", fe.get("api_server_count")))

@@ -48,7 +48,8 @@ def test_default_priors_add_the_named_terms_at_concurrency_one():
     assert math.isclose(bench["mean_engine_ttft_ms"], 1e3 * float(np.mean(q["engine_ttft_s"])))
     assert bench["frontend"]["api_server_count"] == 1
     text = "\n".join(summary_lines(bench))
-    for name in ("Mean TTFT breakdown", "api server", "tokenizer", "ipc in", "engine queue",
+    for name in ("Mean TTFT breakdown", "api server", "tokenizer", "ipc in + input queue (ms)",
+                 "engine queue",
                  "engine prefill", "output", "tokenize per token", "tokenizer batch window",
                  "IPC hop, each way", "detokenize+SSE per token", "Mean engine TTFT"):
         assert name in text, name
