@@ -109,7 +109,6 @@ class _View:
         self.parent = parent
         self.keep = keep
         self.config = parent.config
-        self.counters = parent.counters
         self.capacity = parent.capacity
         self.workload_meta = {**(parent.workload_meta or {}), **meta}
         self.streamed = parent.streamed
@@ -147,6 +146,7 @@ class _View:
         self.duration_s = max(t1 - self.t0, 0.0) if math.isfinite(t1) else 0.0
         end = t1 if math.isfinite(t1) else self.t0  # steps from its first send to its end
         steps = parent.steps or {}
+        self.counters = _window_counters(parent.counters, steps, self.t0, t1)
         if "time_s" in steps and len(steps["time_s"]):
             tt = np.asarray(steps["time_s"], dtype=float)
             sel = (tt >= self.t0) & (tt <= end)
@@ -165,6 +165,40 @@ class _View:
         for w in self.parent.iter_requests(rows):
             m = self.keep(w)
             yield {k: np.asarray(v)[m] for k, v in w.items()}
+
+
+_SPEC_COUNTERS = (("spec_decode_num_drafts", "vllm:spec_decode_num_drafts_total"),
+                  ("spec_decode_num_draft_tokens", "vllm:spec_decode_num_draft_tokens_total"),
+                  ("spec_decode_num_accepted_tokens",
+                   "vllm:spec_decode_num_accepted_tokens_total"),
+                  ("spec_decode_num_generation_tokens", "vllm:generation_tokens_total"))
+_PER_POS = 'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{}"}}'
+
+
+def _window_counters(counters: dict | None, steps: dict, t0: float, t1: float) -> dict | None:
+    """The run's counters, the ``vllm:spec_decode_*`` ones as ``vllm bench serve`` reads them
+    (the server's Prometheus counters fetched before and after its measured run): their growth
+    from the view's first send ``t0`` to its end ``t1``, read off the timeseries rows (the
+    last row before ``t0``, the last at or before ``t1``; at the rows' interval when they
+    are sampled). Other counters are the run's."""
+    if not counters or "spec_decode_num_drafts" not in counters or not math.isfinite(t1) \
+            or "vllm:spec_decode_num_drafts_total" not in steps:
+        return counters
+    tt = np.asarray(steps["time_s"], dtype=float)
+    i0 = int(np.searchsorted(tt, t0, side="left")) - 1
+    i1 = int(np.searchsorted(tt, t1, side="right")) - 1
+
+    def grown(col: str) -> int:
+        v = np.asarray(steps[col], dtype=float)
+        return int((v[i1] if i1 >= 0 else 0.0) - (v[i0] if i0 >= 0 else 0.0))
+
+    out = dict(counters)
+    for key, col in _SPEC_COUNTERS:
+        out[key] = grown(col)
+    out["spec_decode_num_accepted_tokens_per_pos"] = [
+        grown(_PER_POS.format(i)) for i in range(len(counters[
+            "spec_decode_num_accepted_tokens_per_pos"]))]
+    return out
 
 
 def _not_warmup(w: dict) -> np.ndarray:

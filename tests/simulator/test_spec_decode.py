@@ -483,3 +483,40 @@ def test_rows_capped_at_max_model_len_minus_one(async_scheduling):
     else:
         assert rows == [50] + [4] * 10 + [3, 2]
     assert h.reqs["r"].num_output_tokens == 13
+
+
+@pytest.mark.filterwarnings("ignore:Async scheduling not supported")
+def test_acceptance_counters_leave_warm_up_out():
+    """``vllm bench serve`` reads the vllm:spec_decode_* counters before and after its
+    measured run; with warm-up requests left out of the metrics, result.json's counters are
+    the timeseries counters' growth from the first measured send to the last measured end
+    (the last row before the start, the last at or before the end), not the run's totals."""
+    from pathlib import Path
+
+    from servesim.reports.bench_result import compute_bench_result
+
+    eagle = str(Path(__file__).resolve().parents[2] / "configs" / "llama8b_h100_eagle.yaml")
+    res = run_experiment(load_config(eagle, ["workload.num_prompts=120",
+                                             "workload.warmup={num_requests: 40}"]))
+    b = compute_bench_result(res)
+    q = res.requests
+    measured = ~np.asarray(q["warmup"], dtype=bool)
+    t0 = float(np.min(np.asarray(q["send_s"])[measured]))
+    t1 = float(np.max(np.asarray(q["finish_s"])[measured]))
+    tt = np.asarray(res.steps["time_s"])
+    before = tt < t0
+    upto = tt <= t1
+
+    def grown(col):
+        v = np.asarray(res.steps[col])
+        return int(v[upto][-1] - (v[before][-1] if before.any() else 0))
+
+    drafts = grown("vllm:spec_decode_num_drafts_total")
+    accepted = grown("vllm:spec_decode_num_accepted_tokens_total")
+    assert b["num_warmup_requests"] == 40 and b["completed"] == 80
+    assert (b["spec_decode_num_drafts"], b["spec_decode_accepted_tokens"]) == (drafts, accepted)
+    assert b["spec_decode_draft_tokens"] == grown("vllm:spec_decode_num_draft_tokens_total")
+    assert 0 < drafts < res.counters["spec_decode_num_drafts"]
+    assert b["spec_decode_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    whole = compute_bench_result(run_experiment(load_config(eagle, ["workload.num_prompts=120"])))
+    assert whole["spec_decode_num_drafts"] == res.counters["spec_decode_num_drafts"]
