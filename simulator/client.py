@@ -116,6 +116,15 @@ LB_REFRESH_S = 0.1  # vLLM DPCoordinator: min_stats_update_interval_ms = 100
 LB_IDLE_PUBLISH_S = 5.0
 
 
+def lb_next_publish(now: float, engine_stats: bool, refresh_s: float) -> float:
+    """When the DP coordinator next publishes counts to the balancers: ``refresh_s`` after
+    ``now`` while engines send it theirs (``engine_stats``), else at the next multiple of
+    ``refresh_s`` (its idle republish of zeros)."""
+    if engine_stats:
+        return now + refresh_s
+    return (now // refresh_s + 1) * refresh_s if refresh_s > 0 else now
+
+
 def dp_pick(counts: list[list[int]], server: int, num_servers: int) -> int:
     """One pick of vLLM's DP load balancer (``DPLBAsyncMPClient.get_core_engine_for_request``)
     in API server ``server`` of ``num_servers``, on its ``counts`` ([waiting, running] per
@@ -279,9 +288,8 @@ class Client:
         full (no ``Request`` built until it moves in), else built and passed to :meth:`_arrive`."""
         if (self.control is None and self._parks()
                 and not self._rejection(*Request.limits(spec, self.max_model_len))):
-            self.parked.push(spec, send)
-            self.frontend.held.push(arrival, tokenized, self.replicas[0].queued_at(queued),
-                                    server)
+            self.parked.push(spec, send, self.replicas[0].queued_at(queued))
+            self.frontend.held.push(arrival, tokenized, server)
             return
         req = Request(spec, spec.extra["_index"], self.max_model_len, send)
         req.arrival_time = arrival
@@ -314,13 +322,10 @@ class Client:
         spec = req.spec
         if self._parks():
             self._live.pop(req.index, None)
-            queued = self.replicas[0].queued_at(self.env._now)  # (its QUEUED time)
+            self.parked.push(spec, req.send_time, self.replicas[0].queued_at(self.env._now))
             if self.frontend is not None:
                 fe = req.fe
-                self.parked.push(spec, req.send_time)
-                self.frontend.held.push(req.arrival_time, fe[1], queued, fe[0])
-            else:
-                self.parked.push(spec, req.send_time, queued)
+                self.frontend.held.push(req.arrival_time, fe[1], fe[0])
             return
         self._live[req.index] = req
         if len(self.replicas) == 1:
@@ -345,13 +350,11 @@ class Client:
         now = self.env.now
         tables = self._lb_counts
         if now >= self._lb_next:
-            if self._lb_engine_stats:
-                fresh = [(r.scheduler.num_waiting, r.scheduler.num_running)
-                         for r in self.replicas]
-                self._lb_next = now + LB_REFRESH_S
-            else:
-                fresh = [(0, 0)] * len(self.replicas)
-                self._lb_next = (now // LB_IDLE_PUBLISH_S + 1) * LB_IDLE_PUBLISH_S
+            live = self._lb_engine_stats
+            fresh = [(r.scheduler.num_waiting, r.scheduler.num_running) if live else (0, 0)
+                     for r in self.replicas]
+            self._lb_next = lb_next_publish(now, live,
+                                            LB_REFRESH_S if live else LB_IDLE_PUBLISH_S)
             for counts in tables:
                 for i, (waiting, running) in enumerate(fresh):
                     counts[i][0], counts[i][1] = waiting, running
@@ -365,7 +368,7 @@ class Client:
             spec, send, queued = parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             if self.frontend is not None:
-                self.frontend.held.pop_into(req)
+                self.frontend.held.pop_into(req, queued)
             else:
                 req.queued_time = queued
             self._live[req.index] = req
@@ -413,10 +416,10 @@ class Client:
         the client queue, or waiting for a parent that never finished) as ``in_flight``, so
         every request of the workload has a row. Normally there is none."""
         while self.parked is not None and len(self.parked):
-            spec, send, _ = self.parked.pop()
+            spec, send, queued = self.parked.pop()
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)
             if self.frontend is not None:
-                self.frontend.held.pop_into(req)
+                self.frontend.held.pop_into(req, queued)
             self._live[req.index] = req
         for spec, send in (self.frontend.drain() if self.frontend is not None else ()):
             req = Request(spec, spec.extra["_index"], self.max_model_len, send)

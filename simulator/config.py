@@ -564,9 +564,8 @@ def _check_stream_interval(c: ExperimentConfig) -> None:
     n = max(intervals)
     if n == 1:
         return
-    if c.cluster is not None or c.cache.kv_offload is not None:
-        what = "cluster runs" if c.cluster is not None else "runs with cache.kv_offload " \
-            "(the cluster engine)"
+    what = cluster_engine(c)
+    if what is not None:
         raise ConfigError(
             f"scheduler.stream_interval: {n}: {what} leave the API server out, and its "
             "output processor is what sends tokens in chunks (set 1)")
@@ -576,18 +575,24 @@ def _check_stream_interval(c: ExperimentConfig) -> None:
             "true): its output processor is what sends tokens in chunks")
 
 
+def cluster_engine(c) -> str | None:
+    """How messages name the cluster engine ``c`` runs on (cluster runs, and runs with
+    ``cache.kv_offload``); None: the single-engine path."""
+    if getattr(c, "cluster", None) is not None:
+        return "cluster runs"
+    if c.cache.kv_offload is not None:
+        return "runs with cache.kv_offload (the cluster engine)"
+    return None
+
+
 def check_cluster_engine_features(c, engine: str | None = None) -> None:
-    """The cluster engine (cluster runs, and runs with ``cache.kv_offload``) schedules without
-    speculative decoding or multi-LoRA: refused, not silently dropped (the drafter's cost and
-    memory would be charged without its tokens). ``engine``: how to name it (default: from
-    ``c``; None there means ``c`` is a plain single-engine config)."""
+    """The cluster engine schedules without speculative decoding or multi-LoRA: refused, not
+    silently dropped (the drafter's cost and memory would be charged without its tokens).
+    ``engine``: :func:`cluster_engine` of the run (default: of ``c``; None: nothing to
+    check)."""
+    engine = engine or cluster_engine(c)
     if engine is None:
-        if getattr(c, "cluster", None) is not None:
-            engine = "cluster runs"
-        elif c.cache.kv_offload is not None:
-            engine = "runs with cache.kv_offload (the cluster engine)"
-        else:
-            return
+        return
     if getattr(c, "speculative_config", None) is not None:
         raise ConfigError(f"speculative_config: {engine} do not model speculative decoding "
                           "(the drafter's cost without its tokens would be wrong); leave it "

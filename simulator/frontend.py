@@ -242,22 +242,22 @@ class Held:
     back."""
 
     def __init__(self):
-        # arrival_time, tokenized, queued, API server (at most MAX_ENGINES: int16)
-        self.cols = (array("d"), array("d"), array("d"), array("h"))
+        # arrival_time, tokenized, API server (at most MAX_ENGINES: int16); the QUEUED time
+        # is the parked entry's own (``client.Parked``)
+        self.cols = (array("d"), array("d"), array("h"))
         self.head = 0
 
-    def push(self, arrival: float, tokenized: float, queued: float, server: int) -> None:
-        a, t, q, s = self.cols
+    def push(self, arrival: float, tokenized: float, server: int) -> None:
+        a, t, s = self.cols
         a.append(arrival)
         t.append(tokenized)
-        q.append(queued)
         s.append(server)
 
-    def pop_into(self, req) -> None:
-        a, t, q, s = self.cols
+    def pop_into(self, req, queued: float) -> None:
+        a, t, s = self.cols
         i = self.head
         req.arrival_time = a[i]
-        req.fe = [s[i], t[i], q[i], _NAN, _NAN, _NAN, _NAN]
+        req.fe = [s[i], t[i], queued, _NAN, _NAN, _NAN, _NAN]
         self.head = i + 1
         if self.head >= 65536 and self.head * 2 >= len(a):
             for c in self.cols:

@@ -23,7 +23,7 @@ import math
 from collections import OrderedDict
 from typing import Any, ClassVar
 
-from servesim.simulator.client import dp_pick
+from servesim.simulator.client import dp_pick, lb_next_publish
 from servesim.simulator.cluster.config import MAX_ENGINES
 from servesim.simulator.errors import ConfigError
 from servesim.simulator.registry import register_router
@@ -130,7 +130,7 @@ class LeastLoadRouter(Router):
             for counts in tables:
                 for inst in instances:
                     counts[inst.index] = [inst.num_waiting, inst.num_running] if live else [0, 0]
-            self._next = now + r if live else (now // r + 1) * r if r > 0 else now
+            self._next = lb_next_publish(now, live, r)
         server = self._turn
         self._turn = (server + 1) % len(tables)
         rows = [tables[server][inst.index] for inst in instances]

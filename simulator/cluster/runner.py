@@ -268,7 +268,11 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
     """(cluster config, [(group, resolved instance config)]). Without ``cluster:`` (a single
     engine with ``cache.kv_offload``): one group of ``data_parallel_size`` replicas behind
     vLLM's DP load balancer."""
-    from servesim.simulator.config import check_cluster_engine_features, validate_tree
+    from servesim.simulator.config import (
+        check_cluster_engine_features,
+        cluster_engine,
+        validate_tree,
+    )
 
     cl = cfg.cluster
     if cl is None:  # (vLLM's balancer runs in each of the API servers; a dense model's DP
@@ -286,8 +290,7 @@ def _groups(cfg) -> tuple[ClusterConfig, list[tuple[InstanceGroup, object]]]:
     base = cfg.dump_tree(mode="python")
     base.pop("cluster", None)
     out = []
-    engine = "cluster runs" if cfg.cluster is not None else \
-        "runs with cache.kv_offload (the cluster engine)"
+    engine = cluster_engine(cfg)
     for i, g in enumerate(cl.instances):
         icfg = validate_tree(group_tree(base, g), f"cluster.instances[{i}] ({g.name})")
         check_cluster_engine_features(icfg, engine)  # (a group may set them itself)

@@ -35,9 +35,9 @@ def test_parking_changes_nothing(case, monkeypatch, tmp_path):
     parked_calls = []
     orig = Parked.push
 
-    def spy(self, spec, t):
+    def spy(self, spec, t, *q):
         parked_calls.append(t)
-        orig(self, spec, t)
+        orig(self, spec, t, *q)
 
     monkeypatch.setattr(Parked, "push", spy)
     write_run(run_experiment(cfg, resolved=True), tmp_path / "parked", date="20260101-000000")
