@@ -47,10 +47,12 @@ def database(tmp_path):
     gemm = [_gemm(m, n, 4096, 0.01 * (1 + m / 100) * n / 4096)
             for m in (1, 16, 256) for n in (4096, 8192) if (m, n) != (1, 4096)]
     gemm += [_gemm(1, 4096, 4096, 0.010), _gemm(1, 4096, 4096, 0.014)]  # duplicate: median
-    gemm += [_gemm(m, 4096, 4096, 0.005, "fp8_block", "DeepGemmFp8BlockScaledMMKernel")
+    gemm += [_gemm(m, 4096, 4096, 0.005, "fp8", "CutlassFP8ScaledMMLinearKernel")
              for m in (1, 16, 256)]
-    gemm += [_gemm(1, 4096, 4096, 0.004, "fp8_block", "CutlassFp8BlockScaledMMKernel")]
-    gemm += [_gemm(8, 4096, 4096, 0.006, "fp8_block", "FlashInferFp8BlockScaledMMKernel")]
+    gemm += [_gemm(1, 4096, 4096, 0.004, "fp8", "TorchScaledMMLinearKernel")]
+    gemm += [_gemm(8, 4096, 4096, 0.006, "fp8", "FlashInferScaledMMLinearKernel")]
+    gemm += [_gemm(m, 4096, 4096, 0.057, "fp8_block", "DeepGemmFp8BlockScaledMMKernel")
+             for m in (1, 16)]  # host-bound lane: not imported
     gemm += [_gemm(1, 4096, 4096, 0.003, "nvfp4", "FlashInferCutlassNvFp4LinearKernel")]
     _write(sysd / "gemm/vllm/0.24.0/gemm_perf.parquet", gemm)
     _write(sysd / "gemm/vllm/0.19.0/gemm_perf.parquet",
@@ -116,11 +118,12 @@ def test_import_converts_every_family(database, tmp_path, capsys):
     assert g["m"] == [1, 16, 256]
     assert g["seconds"] == [pytest.approx(1.2e-5), pytest.approx(1.16e-5),
                             pytest.approx(3.56e-5)]
-    # block fp8: DeepGEMM (3 rows) wins over CUTLASS (1) at m = 1; FlashInfer fills m = 8
-    fb = _curve(doc, "gemm", dtype="fp8_block", n=4096, k=4096)
-    assert fb["m"] == [1, 8, 16, 256] and fb["seconds"] == [5e-6, 6e-6, 5e-6, 5e-6]
-    assert fb["kernel"] == "DeepGemmFp8BlockScaledMMKernel+FlashInferFp8BlockScaledMMKernel"
-    assert {r["dtype"] for r in doc["gemm"]} == {"bfloat16", "fp8_block"}
+    # fp8: CUTLASS (3 rows) wins over torch (1) at m = 1; FlashInfer fills m = 8
+    f8 = _curve(doc, "gemm", dtype="fp8", n=4096, k=4096)
+    assert f8["m"] == [1, 8, 16, 256] and f8["seconds"] == [5e-6, 6e-6, 5e-6, 5e-6]
+    assert f8["kernel"] == "CutlassFP8ScaledMMLinearKernel+FlashInferScaledMMLinearKernel"
+    # block fp8 (host-bound rows) and nvfp4 are not imported
+    assert {r["dtype"] for r in doc["gemm"]} == {"bfloat16", "fp8"}
     # decode: context = isl + step; sliding-window rows and the sparser FA4 lane dropped
     d = _curve(doc, "decode_attention", head_dim=128, batch=4)
     assert d["context"] == [1024, 4096] and d["kernel"] == "vllm_flash_attn_fa3"

@@ -1,0 +1,325 @@
+"""GPU checks beside `simulate calibrate` (needs a CUDA GPU; one JSON file of results).
+
+    python benchmarks/gpu_checks.py -o gpu_checks.json [--sections correctness,fp8,step]
+
+Sections (each independent; a failure is recorded and the next one runs):
+
+- ``correctness``: the Triton kernels (GEMM bf16/fp8, paged decode, chunked prefill) on this
+  GPU against the fp32 references of ``kernels/reference.py`` (max |error| per case). The test
+  suite checks them only under ``TRITON_INTERPRET=1`` on the CPU.
+- ``fp8``: per-tensor-scaled fp8 GEMM (``torch._scaled_mm``, cuBLASLt) against bf16
+  ``torch.matmul`` at small M, for the DeepSeek-V3 and Llama-3.1-70B shapes: a floor on what
+  an fp8 GEMM costs at 1-64 rows (the imported ``fp8_block`` tables show a 57-95 µs floor).
+- ``step``: a Llama-3.1-8B-shaped decoder (32 layers of bf16 weights, fused RMSNorm, RoPE,
+  GQA attention through SDPA on contiguous K/V, SiLU-and-mul, LM head on the last rows) timed
+  per step: uniform decode batches replayed from a CUDA graph, and single-sequence prefills
+  run eagerly. Plain PyTorch, not vLLM: it checks the cost model's composition of GEMM and
+  attention time, not vLLM's fused kernels or its host work.
+
+Times are CUDA-event medians in seconds; weights are random (timing does not depend on values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA8B = {"hidden": 4096, "inter": 14336, "heads": 32, "kv_heads": 8, "head_dim": 128,
+           "layers": 32, "vocab": 128256}
+
+
+def cuda_median(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median seconds of ``fn()`` over ``reps`` CUDA-event-timed calls (no L2 flush)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) / 1e3 for a, b in ev)
+
+
+# -- correctness ---------------------------------------------------------------------------
+
+def correctness() -> list[dict]:
+    from servesim.kernels import bench as B
+    from servesim.kernels.gemm import fp8_supported, matmul
+    from servesim.kernels.paged_attention import paged_decode_attention
+    from servesim.kernels.prefill_attention import chunked_prefill_attention
+    from servesim.kernels.reference import (
+        chunked_prefill_attention_ref,
+        matmul_ref,
+        paged_decode_attention_ref,
+    )
+
+    out = []
+    torch.manual_seed(0)
+    for m, n, k in [(1, 4096, 4096), (7, 6144, 4096), (100, 1000, 4096), (512, 14336, 4096),
+                    (3000, 4096, 14336)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        got, ref = matmul(a, b).float(), matmul_ref(a, b).float()
+        out.append({"kernel": "gemm bf16", "shape": [m, n, k],
+                    "max_abs_err": (got - ref).abs().max().item(),
+                    "ref_max_abs": ref.abs().max().item()})
+        if fp8_supported():
+            a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+            got = matmul(a8, b8, out_dtype=torch.bfloat16).float()
+            ref = matmul_ref(a8, b8, out_dtype=torch.float32)
+            out.append({"kernel": "gemm fp8", "shape": [m, n, k],
+                        "max_abs_err": (got - ref).abs().max().item(),
+                        "ref_max_abs": ref.abs().max().item()})
+    for lengths, h, kvh in [([1, 17, 300, 4096], 32, 8), ([2048] * 8, 64, 8), ([5, 513], 28, 4)]:
+        k, v, table = B._paged(lengths, kvh, 128, 16, torch.bfloat16)
+        q = torch.randn(len(lengths), h, 128, device="cuda", dtype=torch.bfloat16)
+        lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        got = paged_decode_attention(q, k, v, table, lens, max_seq_len=max(lengths)).float()
+        ref = paged_decode_attention_ref(q, k, v, table, lens).float()
+        out.append({"kernel": "paged decode", "shape": [lengths, h, kvh],
+                    "max_abs_err": (got - ref).abs().max().item(),
+                    "ref_max_abs": ref.abs().max().item()})
+    for chunks, ctxs, h, kvh in [([64, 200], [0, 100], 32, 8), ([512], [1024], 64, 8)]:
+        lengths = [c + x for c, x in zip(chunks, ctxs, strict=True)]
+        k, v, table = B._paged(lengths, kvh, 128, 16, torch.bfloat16)
+        q = torch.randn(sum(chunks), h, 128, device="cuda", dtype=torch.bfloat16)
+        cu = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+        lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        got = chunked_prefill_attention(q, k, v, table, cu, lens).float()
+        ref = chunked_prefill_attention_ref(q, k, v, table, cu, lens).float()
+        out.append({"kernel": "chunked prefill", "shape": [chunks, ctxs, h, kvh],
+                    "max_abs_err": (got - ref).abs().max().item(),
+                    "ref_max_abs": ref.abs().max().item()})
+    return out
+
+
+# -- fp8 small-M floor -----------------------------------------------------------------------
+
+FP8_SHAPES = {  # (n, k): DeepSeek-V3 per-GPU at TP 8, Llama-3.1-70B at TP 4
+    "dsv3 q_a+kv_a": (2112, 7168), "dsv3 q_b tp8": (3072, 1536), "dsv3 o tp8": (7168, 2048),
+    "dsv3 dense gate_up tp8": (4608, 7168), "dsv3 dense down tp8": (7168, 2304),
+    "70b qkv tp4": (2560, 8192), "70b gate_up tp4": (14336, 8192), "70b down tp4": (8192, 7168),
+}
+
+
+def fp8_floor() -> list[dict]:
+    out = []
+    one = torch.ones((), device="cuda")
+    for name, (n, k) in FP8_SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        w8 = w.to(torch.float8_e4m3fn)
+        for m in (1, 8, 64, 512, 4096):
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            a8 = a.to(torch.float8_e4m3fn)
+            row = {"name": name, "m": m, "n": n, "k": k,
+                   "bf16_s": cuda_median(lambda a=a, w=w: torch.matmul(a, w.t()))}
+            try:
+                row["fp8_s"] = cuda_median(lambda a8=a8, w8=w8: torch._scaled_mm(
+                    a8, w8.t(), one, one, out_dtype=torch.bfloat16))
+            except (RuntimeError, ValueError) as e:
+                row["fp8_error"] = str(e).splitlines()[0][:160]
+            out.append(row)
+    return out
+
+
+# -- GEMMs replayed from a CUDA graph ---------------------------------------------------------
+
+def graph_per_call(calls, reps: int = 10) -> float:
+    """Median seconds per call of ``calls`` (callables) captured back to back in one CUDA graph
+    (no host launch cost: vLLM's decode steps replay graphs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    t = cuda_median(g.replay, reps=reps) / len(calls)
+    del g
+    return t
+
+
+def _blockwise(a8, w8, m: int, n: int, k: int):
+    """DeepSeek-style block fp8: activations 1x128, weights 128x128 (PyTorch's own test
+    layout for ``F.scaled_mm``, cuBLASLt >= 12.9 on Hopper)."""
+    from torch.nn.functional import ScalingType, SwizzleType
+
+    l4 = -(-(k // 128) // 4) * 4
+    sa = torch.rand(k // 128, m, device="cuda").t()
+    sb = torch.rand(n // 128, l4, device="cuda").t()
+    b = w8.t()
+    return lambda: F.scaled_mm(a8, b, [sa], [ScalingType.BlockWise1x128],
+                               [sb], [ScalingType.BlockWise128x128],
+                               [SwizzleType.NO_SWIZZLE], [SwizzleType.NO_SWIZZLE],
+                               None, torch.bfloat16)
+
+
+GRAPH_SHAPES = {**FP8_SHAPES, "8b qkv": (6144, 4096), "8b down": (4096, 14336),
+                "tiny": (384, 2048)}
+
+
+def graph_gemm() -> list[dict]:
+    out = []
+    one = torch.ones((), device="cuda")
+    x = torch.zeros(1, device="cuda")
+    out.append({"name": "empty kernel (x.add_(1) on 1 element)",
+                "s": graph_per_call([lambda: x.add_(1)] * 200)})
+    for name, (n, k) in GRAPH_SHAPES.items():
+        copies = max(2, min(32, -(-(256 << 20) // (n * k))))  # fp8 bytes >= 256 MiB together
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        w8s = [w.to(torch.float8_e4m3fn) for w in ws]
+        for m in (1, 8, 64, 512, 4096):
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            a8 = a.to(torch.float8_e4m3fn)
+            row = {"name": name, "m": m, "n": n, "k": k, "copies": copies}
+            for v in ("bf16", "fp8_tensor", "fp8_block"):
+                try:
+                    if v == "bf16":
+                        calls = [lambda a=a, w=w: torch.matmul(a, w.t()) for w in ws]
+                    elif v == "fp8_tensor":
+                        calls = [lambda a8=a8, w=w: torch._scaled_mm(
+                            a8, w.t(), one, one, out_dtype=torch.bfloat16) for w in w8s]
+                    else:
+                        calls = [_blockwise(a8, w, m, n, k) for w in w8s]
+                    row[v + "_s"] = graph_per_call(calls)
+                except Exception as e:  # noqa: BLE001 -- record, go on
+                    row[v + "_error"] = str(e).splitlines()[0][:200]
+            out.append(row)
+            print(row, flush=True)
+        ws = w8s = None
+        torch.cuda.empty_cache()
+    return out
+
+
+# -- a Llama-shaped step ---------------------------------------------------------------------
+
+class Decoder:
+    """Random-weight Llama decoder: per-layer weights; K/V caches shared by the layers (each
+    layer streams its own weights between two attentions, so the cache is not L2-resident)."""
+
+    def __init__(self, m: dict, max_kv_tokens: int):
+        h, i, d = m["hidden"], m["inter"], m["head_dim"]
+        self.m = m
+        qkv = (m["heads"] + 2 * m["kv_heads"]) * d
+
+        def w(n, k):
+            return torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+
+        self.layers = [(w(qkv, h), w(h, m["heads"] * d), w(2 * i, h), w(h, i),
+                        torch.ones(h, device="cuda", dtype=torch.bfloat16),
+                        torch.ones(h, device="cuda", dtype=torch.bfloat16))
+                       for _ in range(m["layers"])]
+        self.lm_head = w(m["vocab"], h)
+        self.final_norm = torch.ones(h, device="cuda", dtype=torch.bfloat16)
+        self.kv = torch.empty(2 * max_kv_tokens * m["kv_heads"] * d, device="cuda",
+                              dtype=torch.bfloat16)
+
+    def rope(self, x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def forward(self, x, batch: int, q_len: int, context: int, logits_rows: int):
+        """``x [batch*q_len, hidden]``; each sequence attends to ``context + q_len`` keys."""
+        m, d = self.m, self.m["head_dim"]
+        H, KVH = m["heads"], m["kv_heads"]
+        L = context + q_len
+        kv = self.kv[:2 * batch * KVH * L * d].view(2, batch, KVH, L, d)
+        T = batch * q_len
+        pos = torch.arange(context, L, device="cuda", dtype=torch.float32)
+        inv = 1e4 ** (-torch.arange(0, d // 2, device="cuda", dtype=torch.float32) / (d // 2))
+        ang = (pos[:, None] * inv[None]).repeat(batch, 1)
+        cos, sin = ang.cos().bfloat16()[:, None], ang.sin().bfloat16()[:, None]
+        res = torch.zeros_like(x)
+        for wqkv, wo, wgu, wd, n1, n2 in self.layers:
+            res = res + x
+            x = F.rms_norm(res, (m["hidden"],), n1, 1e-5)
+            q, k, v = (x @ wqkv.t()).split([H * d, KVH * d, KVH * d], dim=-1)
+            q = self.rope(q.view(T, H, d), cos, sin)
+            k = self.rope(k.view(T, KVH, d), cos, sin)
+            kv[0, :, :, context:] = k.view(batch, q_len, KVH, d).transpose(1, 2)
+            kv[1, :, :, context:] = v.view(batch, q_len, KVH, d).transpose(1, 2)
+            if q_len == 1:  # GQA decode: the group's query heads as the query rows
+                qg = q.view(batch, KVH, H // KVH, d)
+                o = F.scaled_dot_product_attention(qg, kv[0], kv[1])
+            else:
+                q4 = q.view(batch, q_len, H, d).transpose(1, 2)
+                k4, v4 = (t.repeat_interleave(H // KVH, dim=1) for t in (kv[0], kv[1]))
+                o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True).transpose(1, 2)
+            x = o.reshape(T, H * d) @ wo.t()
+            res = res + x
+            x = F.rms_norm(res, (m["hidden"],), n2, 1e-5)
+            g, u = (x @ wgu.t()).chunk(2, dim=-1)
+            x = (F.silu(g) * u) @ wd.t()
+        x = F.rms_norm((res + x)[-logits_rows:], (m["hidden"],), self.final_norm, 1e-5)
+        return (x @ self.lm_head.t()).argmax(-1)
+
+
+def step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256, 1024),
+                 (64, 4096), (32, 8192)),
+         prefill=(128, 512, 1024, 2048, 4096, 8192)) -> list[dict]:
+    m = LLAMA8B
+    dec = Decoder(m, max_kv_tokens=max(max(b * (c + 1) for b, c in decode), max(prefill)))
+    out = []
+    for batch, context in decode:
+        x = torch.randn(batch, m["hidden"], device="cuda", dtype=torch.bfloat16)
+        eager = cuda_median(lambda x=x, b=batch, c=context: dec.forward(x, b, 1, c, b), reps=5)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            dec.forward(x, batch, 1, context, batch)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            dec.forward(x, batch, 1, context, batch)
+        graphed = cuda_median(g.replay, reps=20)
+        del g
+        out.append({"kind": "decode", "batch": batch, "context": context,
+                    "eager_s": eager, "graph_s": graphed})
+    for tokens in prefill:
+        x = torch.randn(tokens, m["hidden"], device="cuda", dtype=torch.bfloat16)
+        t = cuda_median(lambda x=x, tokens=tokens: dec.forward(x, 1, tokens, 0, 1), reps=5)
+        out.append({"kind": "prefill", "tokens": tokens, "eager_s": t})
+    return out
+
+
+SECTIONS = {"correctness": correctness, "fp8": fp8_floor, "graph_gemm": graph_gemm,
+            "step": step}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-o", "--output", type=Path, required=True)
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    args = ap.parse_args(argv)
+    props = torch.cuda.get_device_properties(0)
+    doc = {"device": props.name, "sm_count": props.multi_processor_count,
+           "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in args.sections.split(","):
+        t0 = time.perf_counter()
+        try:
+            doc[name] = SECTIONS[name]()
+        except Exception:  # noqa: BLE001 -- keep the other sections' results
+            doc[name + "_error"] = traceback.format_exc()[-2000:]
+        print(f"{name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        args.output.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
