@@ -69,7 +69,7 @@ class OpCost:
     seconds: float
     flops: float
     bytes: float
-    bound: str  # "compute" | "memory" | "latency" | "host"
+    bound: str  # "compute" | "memory" | "latency" | "host" | "overlap" (negative: time hidden)
     efficiency: float
     provenance: str  # "calibrated:<file>" | "default" | "spec-sheet"
 

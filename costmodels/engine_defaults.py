@@ -174,6 +174,20 @@ def cudagraph_sizes(cfg, max_num_seqs: int, max_num_batched_tokens: int,
     return sizes
 
 
+# vLLM 0.22.1 VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD (envs.py): up to this many tokens a MoE
+# layer's shared experts run on an aux CUDA stream (fused_moe/runner/shared_experts.py)
+SHARED_EXPERTS_STREAM_TOKENS = 256
+
+
+def shared_experts_stream_tokens(hw: HardwareSpec, spec: ModelSpec) -> int:
+    """Largest (padded) token count at which vLLM overlaps the shared experts with the router
+    and routed experts (``SharedExpertsOrder.MULTI_STREAM_OVERLAPPED``: CUDA only, so not on
+    ROCm; models with shared experts); 0: never."""
+    if not (spec.num_moe_layers and spec.shared_expert_intermediate_size):
+        return 0
+    return SHARED_EXPERTS_STREAM_TOKENS if hw.compute_capability is not None else 0
+
+
 # vLLM 0.22.1 FI_ALLREDUCE_FUSION_MAX_SIZE_MB (compilation/passes/fusion/allreduce_rms_fusion.py,
 # the table PassConfig.flashinfer_max_size reads): {capability as an int: {TP: MiB}}
 _AR_RMS_FUSION_MAX_MB = {90: {2: 64, 4: 2, 8: 0.5}, 100: {2: 64, 4: 32, 8: 1},

@@ -213,9 +213,35 @@ class OperatorCosts:
         if graph is None:
             graph = T <= self._max_graph
         ops.append(self._elementwise("embed_tokens", 1, 2 * T * h * ACT_BYTES, 1))
+        ops = self._dense_ops(T, ops, graph)
         if self.scales:
-            return self._scaled(self._dense_ops(T, ops, graph))
-        return self._dense_ops(T, ops, graph)
+            ops = self._scaled(ops)
+        if T <= self.shared_experts_stream_tokens:
+            self._overlap_shared_experts(ops)
+        return ops
+
+    def _overlap_shared_experts(self, ops: list[OpCost]) -> None:
+        """Append ``shared_experts_overlap`` (negative seconds): for up to
+        ``shared_experts_stream_tokens`` tokens vLLM runs each MoE layer's shared experts on an
+        aux CUDA stream, from before the router's gate GEMM until the routed experts finish.
+        Concurrency hides their latency, not their HBM traffic: the pair takes
+        ``max(t_main + bytes_shared / bw, t_shared)`` s (``bw``: the HBM spec, B/s) instead of
+        ``t_main + t_shared``
+        (``t_main``: router + routed experts; ``t_shared``: the shared experts' GEMMs and
+        activation; totals over the MoE layers, identical per layer)."""
+        main = shared = nbytes = 0.0
+        for op in ops:
+            if op.name in ("router", "experts"):
+                main += op.seconds
+            elif op.name in ("shared_experts", "shared_experts.act_fn"):
+                shared += op.seconds
+                nbytes += op.bytes
+        both = max(main + nbytes / self.bw, shared)
+        if main + shared > both:
+            at = 1 + max(i for i, op in enumerate(ops) if op.name.startswith("shared_experts"))
+            ops.insert(at, OpCost("shared_experts_overlap", self.spec.num_moe_layers,
+                                  both - (main + shared), 0.0, 0.0, "overlap", 1.0,
+                                  "vllm:shared-experts-stream"))
 
     def _dense_ops(self, T: int, ops: list[OpCost], graph: bool) -> list[OpCost]:
         s, L, tp = self.spec, self.L, self.tp

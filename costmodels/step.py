@@ -64,6 +64,7 @@ from servesim.costmodels.engine_defaults import (
     cudagraph_sizes,
     full_decode_sizes,
     resolved_cudagraph_mode,
+    shared_experts_stream_tokens,
     validate_parallel,
 )
 from servesim.costmodels.operators import (
@@ -164,6 +165,8 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         # padded batches up to this many tokens run each all-reduce fused with the RMSNorm
         # after it (engine_defaults.allreduce_rms_fusion_tokens; 0: never)
         self.allreduce_rms_fusion_tokens = allreduce_rms_fusion_tokens if tp > 1 else 0
+        # up to this many tokens the shared experts overlap the routed ones (0: never)
+        self.shared_experts_stream_tokens = shared_experts_stream_tokens(hw, spec)
         self.spec, self.hw, self.tp, self.pp = spec, hw, tp, pp
         self.weight_format = weight_format or WeightFormat("bf16", 2.0, "bf16")
         self.kv_dtype_bytes = kv_dtype_bytes

@@ -378,6 +378,45 @@ def test_deepseek_mla_ops_and_attention_by_value():
     assert p["attn"].bytes == L * (1500 * kv_tok + 1000 * (nh * (nope + rope + v) * 2 + kv_tok))
 
 
+def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_256_tokens():
+    """vLLM 0.22.1 SharedExperts (MULTI_STREAM_OVERLAPPED, VLLM_SHARED_EXPERTS_STREAM_TOKEN_
+    THRESHOLD 256): up to 256 (padded) tokens the shared experts run on an aux CUDA stream
+    beside router + routed experts; the pair takes max(t_main + bytes_shared / bw, t_shared).
+    Above 256 tokens, on ROCm and for models without shared experts: serial."""
+    m = model("model.name=deepseek-v3", "hardware.name=h200-sxm",
+              "parallel.tensor_parallel_size=8")
+    bw = 4800e9  # H200 HBM, spec sheet (B/s)
+    assert m.bw == bw
+    assert m.shared_experts_stream_tokens == 256
+    for batch, overlapped in ((decode(8, 2048), True), (decode(256, 2048), True),
+                              (decode(257, 2048), False), (prefill(2048), False)):
+        st = m.step_time(batch)
+        o = {x.name: x for x in st.breakdown}
+        names = [x.name for x in st.breakdown]
+        assert ("shared_experts_overlap" in o) == overlapped, batch
+        assert sum(x.seconds for x in st.breakdown) == pytest.approx(st.seconds)
+        if not overlapped:
+            continue
+        main = o["router"].seconds + o["experts"].seconds
+        sh = o["shared_experts"].seconds + o["shared_experts.act_fn"].seconds
+        b = o["shared_experts"].bytes + o["shared_experts.act_fn"].bytes
+        assert o["shared_experts_overlap"].seconds == pytest.approx(
+            max(main + b / bw, sh) - main - sh)
+        assert o["shared_experts_overlap"].count == 58
+        assert names.index("shared_experts_overlap") == names.index("shared_experts.act_fn") + 1
+    # batch 8: the routed experts (6.0 ms over 58 layers) hide all but the shared bytes
+    o = {x.name: x for x in m.step_time(decode(8, 2048)).breakdown}
+    assert o["shared_experts_overlap"].seconds == pytest.approx(
+        o["shared_experts"].bytes / bw + o["shared_experts.act_fn"].bytes / bw
+        - o["shared_experts"].seconds - o["shared_experts.act_fn"].seconds)
+    rocm = model("model.name=deepseek-v3", "hardware.name=mi300x",
+                 "parallel.tensor_parallel_size=8")
+    mix = model("model.name=mixtral-8x7b", "hardware.name=h100-sxm",
+                "parallel.tensor_parallel_size=2")
+    assert rocm.shared_experts_stream_tokens == mix.shared_experts_stream_tokens == 0
+    assert "shared_experts_overlap" not in ops(rocm, decode(8, 2048))
+
+
 def test_sliding_window_attention_by_value():
     """Mistral-7B, window 4096: a decode row reads at most 4096 tokens; a prefill chunk's
     pairs are Σ min(j, w) differences and it reads min(p + c, w + c) cached tokens."""
