@@ -117,7 +117,8 @@ def open_calibration(paths: list[Path], spec: HardwareSpec | None) -> Calibratio
 
 def load_calibration(hw_cfg: HardwareConfig, spec: HardwareSpec) -> Calibration | None:
     """Load the calibration the ``hardware`` section selects, warning (one line) when no file
-    exists for this GPU, a measured file is stale (> 180 days) or made for another GPU."""
+    exists for this GPU, a measured file is partial, stale (> 180 days) or made for another
+    GPU."""
     sel = (hw_cfg.calibration or "auto").strip().lower()
     if sel == "none":
         return None
@@ -136,6 +137,10 @@ def load_calibration(hw_cfg: HardwareConfig, spec: HardwareSpec) -> Calibration 
         gpu = str(doc.get("gpu", ""))
         if gpu and gpu != spec.name:
             _warn(f"{p}: calibrated on '{gpu}' but hardware is '{spec.name}'")
+        partial = (doc.get("source") or {}).get("partial")
+        if partial:
+            _warn(f"{p}: a partial calibration ({partial}); each op family it has replaces "
+                  "the shipped one: re-run `simulate calibrate` to complete it")
         if (doc.get("source") or {}).get("kind") == "aiconfigurator":
             continue  # imported tables carry their package and vLLM versions, not a date
         age = age_days(doc.get("fingerprint"))

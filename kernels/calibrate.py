@@ -15,6 +15,7 @@ Units: seconds, bytes, FLOPs.
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 
 from servesim.kernels.calibration_estimate import (
@@ -53,7 +54,7 @@ from servesim.kernels.calibration_plan import (
     prefill_flops_bytes,
 )
 from servesim.kernels.calibration_report import check_file, check_lines, report_lines
-from servesim.simulator.errors import ServesimError
+from servesim.simulator.errors import Interrupted, ServesimError
 
 NO_GPU_MESSAGE = ("simulate calibrate needs a CUDA GPU (torch.cuda.is_available() is False); "
                   "use --dry-run to see the plan")
@@ -112,8 +113,12 @@ def require_gpu() -> None:
 
 
 def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=None,
-                    log=print) -> Path:
-    """Time every shape of the plan on the current GPU and write the calibration file."""
+                    log=print, time_limit: float | None = None) -> Path:
+    """Time every shape of the plan on the current GPU and write the calibration file.
+
+    ``time_limit`` (seconds): stop before the first shape that would start after it and write
+    the rows measured so far (``source.partial`` says how many). Ctrl-C / SIGTERM also writes
+    them, then raises :class:`Interrupted`."""
     require_gpu()
     import torch
     from servesim.kernels.gemm import fp8_supported
@@ -127,30 +132,68 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
         f"{len(plan.decode)} decode, {len(plan.prefill)} prefill, {len(plan.moe)} MoE, "
         f"{len(plan.allreduce)} all-reduce shapes")
     doc = new_document(gpu, fpr, plan.peaks)
-    measure_plan(plan, doc, BENCH_QUICK if quick else BENCH_FULL, progress=progress)
+    settings = BENCH_QUICK if quick else BENCH_FULL
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    try:
+        measure_plan(plan, doc, settings, progress=progress, deadline=deadline)
+    except KeyboardInterrupt:
+        if not any(doc[f] for f in ROW_KEYS):
+            raise Interrupted("no kernel was measured; nothing was written") from None
+        path = write_calibration(doc, output)
+        raise Interrupted(f"{doc['source']['partial']}; written to {path}") from None
     if doc.get("skipped"):
         log(f"skipped {len(doc['skipped'])} shapes (listed under 'skipped' in the file)")
+    if doc["source"].get("partial"):
+        log(f"{doc['source']['partial']}; the cost model reads what was measured")
     return write_calibration(doc, output)
 
 
-def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=None) -> dict:
-    """Time every shape of ``plan`` and append rows to ``doc`` (failed shapes -> 'skipped')."""
-    from servesim.kernels import bench as B
+def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=None,
+                 deadline: float | None = None) -> dict:
+    """Time every shape of ``plan`` and append rows to ``doc`` (failed shapes -> 'skipped').
 
+    ``deadline`` (``time.monotonic()`` seconds): no shape starts after it. A stop there, or a
+    KeyboardInterrupt (re-raised), leaves ``doc['source']['partial']`` saying after how many
+    shapes it stopped."""
     total = len(plan.memcpy) + len(plan.gemm) + len(plan.decode) + len(plan.prefill) + len(
         plan.moe) + len(plan.allreduce)
-    skipped: list[str] = []
-    advance = progress(total) if progress else (lambda: None)
+    done = [0]
+    try:
+        _measure(plan, doc, settings, progress, deadline, total, done)
+    except _TimeUp:
+        doc["source"]["partial"] = f"time limit reached after {done[0]} of {total} shapes"
+    except KeyboardInterrupt:
+        doc["source"]["partial"] = f"interrupted after {done[0]} of {total} shapes"
+        raise
+    return doc
+
+
+class _TimeUp(Exception):
+    pass
+
+
+def _measure(plan: Plan, doc: dict, settings: BenchSettings, progress, deadline, total: int,
+             done: list[int]) -> None:
+    from servesim.kernels import bench as B
+
+    tick = progress(total) if progress else (lambda: None)
+
+    def advance():
+        done[0] += 1
+        tick()
 
     def guarded(what, fn):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _TimeUp
         try:
-            return fn()
+            r = fn()
         except Exception as e:  # noqa: BLE001 -- OOM, compile failure: record the shape, go on
-            skipped.append(f"{what}: {e.__class__.__name__}: {str(e).splitlines()[0][:120]}")
+            doc.setdefault("skipped", []).append(
+                f"{what}: {e.__class__.__name__}: {str(e).splitlines()[0][:120]}")
             B.release()
-            return None
-        finally:
-            advance()
+            r = None
+        advance()  # (not after a KeyboardInterrupt: that shape was not done)
+        return r
 
     for nbytes in plan.memcpy:
         s = guarded(f"memcpy {nbytes}", lambda nbytes=nbytes: B.time_memcpy(nbytes, settings))
@@ -202,9 +245,6 @@ def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=Non
             doc["allreduce"].append({"mode": mode, "dtype": "bfloat16", "tp": tp,
                                      "bytes": nbytes, "seconds": sec,
                                      "kernel": f"torch.distributed nccl ({mode})"})
-    if skipped:
-        doc["skipped"] = skipped
-    return doc
 
 
 __all__ = [  # the harness API; _head_dim for the tests

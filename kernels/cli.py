@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[bool, typer.Option(
             "--dry-run", help="Print the plan and its estimated duration; no GPU.")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+        time_limit: Annotated[float | None, typer.Option(
+            "--time-limit", min=1, help="Seconds: start no kernel after this and write what "
+            "was measured (Ctrl-C also keeps it).")] = None,
     ) -> None:
         """Run the GPU calibration (see also: simulate calibrate report FILE)."""
         if ctx.invoked_subcommand is not None:
@@ -58,7 +61,8 @@ def register(app: typer.Typer) -> None:
         check_output_file(out, f"{gpu}.yaml")  # before minutes of measuring, not after
         C.require_gpu()
         path = C.run_calibration(gpu, out, quick, progress=None if quiet else _progress,
-                                 log=(lambda *_: None) if quiet else typer.echo)
+                                 log=(lambda *_: None) if quiet else typer.echo,
+                                 time_limit=time_limit)
         typer.echo(f"wrote {path}")
 
     @cal.command("report")

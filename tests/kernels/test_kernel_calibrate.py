@@ -258,3 +258,126 @@ def test_plan_has_moe_and_allreduce_rows():
     assert one.allreduce == [] and any("needs >= 2 GPUs" in n for n in one.notes)
     est = C.estimate_plan(plan)
     assert est["moe"]["shapes"] == len(plan.moe) and est["allreduce"]["shapes"] == 20
+
+
+class _FakeGpu:
+    """The bench functions on a fake clock: each timed shape takes 10 s of it; gemm number
+    ``interrupt_at`` (1-based) raises KeyboardInterrupt, as Ctrl-C / SIGTERM would."""
+
+    def __init__(self, monkeypatch, interrupt_at=None):
+        from servesim.kernels import bench as B
+
+        self.now, self.gemms = 1000.0, 0
+        self.interrupt_at = interrupt_at
+        monkeypatch.setattr(C.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(B, "time_memcpy", lambda n, s: self._tick(2e-4))
+        monkeypatch.setattr(B, "time_gemm", self._gemm)
+        monkeypatch.setattr(B, "time_decode", lambda d, bs, s: self._tick(
+            {"triton_s": 3e-5, "vendor_s": None, "vendor_impl": None, "num_splits": 1}))
+
+    def _tick(self, r):
+        self.now += 10.0
+        return r
+
+    def _gemm(self, m, n, k, dtype, s):
+        self.gemms += 1
+        if self.gemms == self.interrupt_at:
+            raise KeyboardInterrupt
+        return self._tick({"triton_s": 2e-5, "vendor_s": 1e-5, "vendor_impl": "torch.matmul"})
+
+
+def _small_plan():
+    plan = C.Plan(gpu="h100-sxm", mode="quick", peaks=C.FALLBACK_PEAKS["h100-sxm"], models=[])
+    plan.memcpy = [2**20]
+    plan.gemm = [C.GemmShape(m, 4096, 4096, "bfloat16", "qkv") for m in (1, 16, 256)]
+    plan.decode = [C.DecodeShape(b, 1024, 1024, 32, 8, 128, "bfloat16", "bfloat16")
+                   for b in (1, 8)]
+    return plan
+
+
+def test_time_limit_keeps_the_rows_measured_before_it():
+    """No shape starts after the deadline: at 10 s per shape and a 25 s limit, the memcpy and
+    two GEMMs (started at 0, 10, 20 s) are kept; the third GEMM (at 30 s) is not started."""
+    plan = _small_plan()
+    doc = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
+    mp = pytest.MonkeyPatch()
+    try:
+        fake = _FakeGpu(mp)
+        C.measure_plan(plan, doc, C.BENCH_QUICK, deadline=fake.now + 25)
+    finally:
+        mp.undo()
+    assert [len(doc[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 2, 0]
+    assert [r["m"] for r in doc["gemm"]] == [1, 16]
+    assert doc["source"]["partial"] == "time limit reached after 3 of 6 shapes"
+    doc2 = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
+    mp = pytest.MonkeyPatch()
+    try:
+        fake = _FakeGpu(mp)
+        C.measure_plan(plan, doc2, C.BENCH_QUICK, deadline=fake.now + 1e6)
+    finally:
+        mp.undo()
+    assert "partial" not in doc2["source"]
+    assert [len(doc2[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 3, 2]
+
+
+def _calibrate_here(monkeypatch, plan):
+    """run_calibration without a GPU: the plan, fingerprint and GPU check replaced."""
+    pytest.importorskip("torch")
+    monkeypatch.setattr(C, "require_gpu", lambda: None)
+    monkeypatch.setattr(C, "build_plan", lambda gpu, quick, **kw: plan)
+    monkeypatch.setattr(C, "fingerprint", lambda mode: dict(
+        synthetic_doc()["fingerprint"], date=C.utc_now()))
+
+
+def test_interrupt_writes_the_rows_measured_so_far(tmp_path, monkeypatch):
+    """Ctrl-C / SIGTERM during the second GEMM: the memcpy and first GEMM rows are written,
+    marked partial, and the run ends with Interrupted (exit 130) naming the file."""
+    from servesim.simulator.errors import Interrupted
+
+    _calibrate_here(monkeypatch, _small_plan())
+    _FakeGpu(monkeypatch, interrupt_at=2)
+    out = tmp_path / "h100.yaml"
+    with pytest.raises(Interrupted) as e:
+        C.run_calibration("h100-sxm", out, quick=True, log=lambda *_: None)
+    assert str(e.value) == f"interrupted after 2 of 6 shapes; written to {out}"
+    assert e.value.exit_code == 130
+    doc = C.read_calibration(out)
+    assert [len(doc[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 1, 0]
+    assert doc["source"]["partial"] == "interrupted after 2 of 6 shapes"
+    # interrupted before any row: nothing is written
+    out2 = tmp_path / "none.yaml"
+    plan = _small_plan()
+    plan.memcpy = []
+    _calibrate_here(monkeypatch, plan)
+    _FakeGpu(monkeypatch, interrupt_at=1)
+    with pytest.raises(Interrupted, match="no kernel was measured; nothing was written"):
+        C.run_calibration("h100-sxm", out2, quick=True, log=lambda *_: None)
+    assert not out2.exists()
+
+
+def test_cli_time_limit_and_the_partial_file_warning(tmp_path, monkeypatch, capsys):
+    """--time-limit reaches the run; the cost model warns (one line) when it reads a partial
+    file, whose measured families replace the shipped ones."""
+    import warnings
+
+    from servesim.costmodels import build_cost_model
+    from servesim.costmodels.calibration import CalibrationWarning
+    from servesim.simulator.config import load_config, resolve_config
+
+    _calibrate_here(monkeypatch, _small_plan())
+    _FakeGpu(monkeypatch)
+    out = tmp_path / "h100.yaml"
+    main(["calibrate", "--gpu", "h100-sxm", "--quick", "--quiet", "--time-limit", "15",
+          "-o", str(out)])
+    assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
+    doc = C.read_calibration(out)
+    assert doc["source"]["partial"] == "time limit reached after 2 of 6 shapes"
+    cfg = resolve_config(load_config(None, ["model.name=llama-3.1-8b", "hardware.name=h100-sxm",
+                                            f"hardware.calibration={out}"]))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        build_cost_model(cfg)
+    msgs = [str(x.message) for x in w if issubclass(x.category, CalibrationWarning)]
+    assert msgs == [(f"{out}: a partial calibration (time limit reached after 2 of 6 shapes); "
+                     "each op family it has replaces the shipped one: re-run `simulate "
+                     "calibrate` to complete it")]
