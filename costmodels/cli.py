@@ -23,7 +23,7 @@ def _si(x: float, unit: str = "") -> str:
 
 def _time(s: float) -> str:
     """Seconds → 'x.xxx ms' or 'x.x us'."""
-    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+    return f"{s * 1e3:.3f} ms" if abs(s) >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
 def make_batch(batch_size: int, context: int, prefill_tokens: int = 0,

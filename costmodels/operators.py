@@ -221,26 +221,28 @@ class OperatorCosts:
         return ops
 
     def _overlap_shared_experts(self, ops: list[OpCost]) -> None:
-        """Append ``shared_experts_overlap`` (negative seconds): for up to
-        ``shared_experts_stream_tokens`` tokens vLLM runs each MoE layer's shared experts on an
-        aux CUDA stream, from before the router's gate GEMM until the routed experts finish.
-        Concurrency hides their latency, not their HBM traffic: the pair takes
-        ``max(t_main + bytes_shared / bw, t_shared)`` s (``bw``: the HBM spec, B/s) instead of
-        ``t_main + t_shared``
-        (``t_main``: router + routed experts; ``t_shared``: the shared experts' GEMMs and
-        activation; totals over the MoE layers, identical per layer)."""
-        main = shared = nbytes = 0.0
-        for op in ops:
+        """Insert ``shared_experts_overlap`` (negative seconds) after the shared experts: for up
+        to ``shared_experts_stream_tokens`` tokens vLLM runs each MoE layer's shared experts on
+        an aux CUDA stream, from before the router's gate GEMM until the routed experts finish.
+        Concurrency hides latency, not HBM traffic: each stream takes at least its own time
+        plus the other's bytes at the HBM spec bandwidth ``bw`` (B/s), so the pair takes
+        ``max(t_main + bytes_shared / bw, t_shared + bytes_main / bw)`` s instead of
+        ``t_main + t_shared`` (``main``: router + routed experts; ``shared``: the shared
+        experts' GEMMs and activation; totals over the MoE layers, identical per layer)."""
+        t_main = t_shared = b_main = b_shared = 0.0
+        at = 0
+        for i, op in enumerate(ops):
             if op.name in ("router", "experts"):
-                main += op.seconds
+                t_main += op.seconds
+                b_main += op.bytes
             elif op.name in ("shared_experts", "shared_experts.act_fn"):
-                shared += op.seconds
-                nbytes += op.bytes
-        both = max(main + nbytes / self.bw, shared)
-        if main + shared > both:
-            at = 1 + max(i for i, op in enumerate(ops) if op.name.startswith("shared_experts"))
+                t_shared += op.seconds
+                b_shared += op.bytes
+                at = i + 1
+        both = max(t_main + b_shared / self.bw, t_shared + b_main / self.bw)
+        if at and t_main + t_shared > both:
             ops.insert(at, OpCost("shared_experts_overlap", self.spec.num_moe_layers,
-                                  both - (main + shared), 0.0, 0.0, "overlap", 1.0,
+                                  both - (t_main + t_shared), 0.0, 0.0, "overlap", 1.0,
                                   "vllm:shared-experts-stream"))
 
     def _dense_ops(self, T: int, ops: list[OpCost], graph: bool) -> list[OpCost]:
@@ -356,7 +358,8 @@ class OperatorCosts:
 
     @staticmethod
     def op_family(name: str) -> str:
-        """``gemm`` | ``attention`` | ``elementwise`` | ``comm`` | ``moe`` of an op name."""
+        """``gemm`` | ``attention`` | ``elementwise`` | ``comm`` | ``moe`` | ``host_link`` |
+        ``overlap`` of an op name."""
         if name == "attn":
             return "attention"
         if name == "experts":
@@ -365,6 +368,8 @@ class OperatorCosts:
             return "comm"
         if name == "uva_weight_reads":
             return "host_link"
+        if name == "shared_experts_overlap":
+            return "overlap"
         if name.endswith("_proj") or name in ("lm_head", "router", "shared_experts"):
             return "gemm"
         return "elementwise"

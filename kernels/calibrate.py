@@ -116,9 +116,9 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
                     log=print, time_limit: float | None = None) -> Path:
     """Time every shape of the plan on the current GPU and write the calibration file.
 
-    ``time_limit`` (seconds): stop before the first shape that would start after it and write
-    the rows measured so far (``source.partial`` says how many). Ctrl-C / SIGTERM also writes
-    them, then raises :class:`Interrupted`."""
+    ``time_limit`` (seconds): start no shape after it. The rows measured so far then go to
+    :func:`partial_path` (``source.partial`` says after how many shapes it stopped); Ctrl-C /
+    SIGTERM writes them there too, then raises :class:`Interrupted`."""
     require_gpu()
     import torch
     from servesim.kernels.gemm import fp8_supported
@@ -137,15 +137,32 @@ def run_calibration(gpu: str, output: Path, quick: bool = False, *, progress=Non
     try:
         measure_plan(plan, doc, settings, progress=progress, deadline=deadline)
     except KeyboardInterrupt:
-        if not any(doc[f] for f in ROW_KEYS):
+        if not _has_rows(doc):
             raise Interrupted("no kernel was measured; nothing was written") from None
-        path = write_calibration(doc, output)
+        path = write_calibration(doc, partial_path(output))
         raise Interrupted(f"{doc['source']['partial']}; written to {path}") from None
     if doc.get("skipped"):
         log(f"skipped {len(doc['skipped'])} shapes (listed under 'skipped' in the file)")
     if doc["source"].get("partial"):
-        log(f"{doc['source']['partial']}; the cost model reads what was measured")
+        if not _has_rows(doc):
+            raise ServesimError(f"simulate calibrate: {doc['source']['partial']}, before any "
+                                "GEMM, attention or MoE kernel: nothing was written")
+        return write_calibration(doc, partial_path(output))
     return write_calibration(doc, output)
+
+
+def partial_path(output: Path) -> Path:
+    """Where a partial calibration goes: ``NAME.partial.yaml`` beside ``NAME.yaml``, so that
+    neither ``hardware.calibration: auto`` nor a complete earlier file is replaced by it."""
+    output = Path(output)
+    return output.with_name(f"{output.stem}.partial{output.suffix}")
+
+
+def _has_rows(doc: dict) -> bool:
+    """Whether ``doc`` has a row the cost model reads (memcpy alone is not a calibration)."""
+    from servesim.costmodels.calibration import FAMILIES
+
+    return any(doc.get(f) for f in FAMILIES)
 
 
 def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=None,
@@ -163,7 +180,7 @@ def measure_plan(plan: Plan, doc: dict, settings: BenchSettings, *, progress=Non
     except _TimeUp:
         doc["source"]["partial"] = f"time limit reached after {done[0]} of {total} shapes"
     except KeyboardInterrupt:
-        doc["source"]["partial"] = f"interrupted after {done[0]} of {total} shapes"
+        doc["source"]["partial"] = f"stopped by Ctrl-C/SIGTERM after {done[0]} of {total} shapes"
         raise
     return doc
 

@@ -33,13 +33,13 @@ def register(app: typer.Typer) -> None:
             "-o", "--output", help="Output file (default: $SERVESIM_CALIBRATION_DIR/GPU.yaml, "
             "~/.config/servesim/calibration/GPU.yaml).")] = None,
         quick: Annotated[bool, typer.Option(
-            "--quick", help="Smaller grid (< 5 min on an H100).")] = False,
+            "--quick", help="Smaller grid (80 s on an H100 or H200).")] = False,
         dry_run: Annotated[bool, typer.Option(
             "--dry-run", help="Print the plan and its estimated duration; no GPU.")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
         time_limit: Annotated[float | None, typer.Option(
             "--time-limit", min=1, help="Seconds: start no kernel after this and write what "
-            "was measured (Ctrl-C also keeps it).")] = None,
+            "was measured to GPU.partial.yaml (Ctrl-C also keeps it there).")] = None,
     ) -> None:
         """Run the GPU calibration (see also: simulate calibrate report FILE)."""
         if ctx.invoked_subcommand is not None:
@@ -63,6 +63,9 @@ def register(app: typer.Typer) -> None:
         path = C.run_calibration(gpu, out, quick, progress=None if quiet else _progress,
                                  log=(lambda *_: None) if quiet else typer.echo,
                                  time_limit=time_limit)
+        if path.name.endswith(f".partial{path.suffix}"):  # (also under --quiet)
+            typer.echo(f"partial: {C.read_calibration(path)['source']['partial']}; point "
+                       "hardware.calibration at the file to use it", err=True)
         typer.echo(f"wrote {path}")
 
     @cal.command("report")

@@ -31,9 +31,9 @@ are host-bound, not kernel times. Every curve has the same floor whatever its si
 H100 and H200, 155-260 µs on Blackwell, 287 µs on L40S. That holds even for a 512 × 7168
 weight whose HBM roofline is ~1 µs. Timed on an H100 and an H200 and replayed from a CUDA
 graph, as vLLM replays decode, cuBLAS's block-scaled fp8 GEMM takes 8-52 µs at 8-64 rows
-for the same shapes. Over 40 points of 8-4,096 rows, the table's value was 2.97× the
-graphed time (median; 0.83-10.9×). The per-tensor ``fp8`` curves were 0.91× (H200) and
-0.96× (H100) of it (``benchmarks/gpu_checks.py``, results in
+for the same shapes. Over 36 points (10 shapes, 8-4,096 rows), the table's value was the
+graphed time × 2.2 (H100) and × 2.6 (H200), median, up to × 10.9. The per-tensor ``fp8``
+curves were × 0.98 and × 0.93 of it (``benchmarks/gpu_checks.py``, results in
 ``benchmarks/data/gpu_checks_*.json``). So block-scaled linears read the ``fp8`` curves
 (:meth:`Calibration.gemm`).
 
@@ -88,7 +88,8 @@ ATTRIBUTION = ("Kernel timings measured by NVIDIA: aiconfigurator-core "
                "(https://github.com/ai-dynamo/aiconfigurator), Copyright (c) 2025-2026 NVIDIA "
                "CORPORATION & AFFILIATES, licensed under the Apache License 2.0. Modified by "
                "servesim: ms converted to seconds (4 significant digits), duplicate points "
-               "reduced to their median, one kernel per point, a subset of shapes (see 'kept').")
+               "reduced to their median, one kernel per point, a subset of shapes (see 'kept'), "
+               "no block-fp8 GEMM rows (host-bound).")
 
 
 def _version_key(v: str) -> tuple:
@@ -168,8 +169,8 @@ def _curves(df, cats: list[str], keys: list[str], x: str) -> list[dict]:
     """Rows of ``df`` (cols: cats, keys, x, kernel, seconds) → one curve per (cats, keys).
 
     Each point comes from the densest kernel lane (most rows for those cats) that measured it;
-    sparser lanes fill the points it lacks (aiconfigurator's lane walk: e.g. vLLM's block-fp8
-    linear dispatches FlashInfer at m <= 16 and DeepGEMM above). Duplicates: their median."""
+    sparser lanes fill the points it lacks (aiconfigurator's lane walk: e.g. FA3 with FA4
+    filling in on Hopper). Duplicates: their median."""
     density = Counter(zip(*(df[c] for c in cats), df["kernel"]))
     groups: dict[tuple, dict[float, dict[str, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))

@@ -311,7 +311,7 @@ def test_shipped_h100_is_exact_at_its_rows_and_above_the_floor():
     assert n > 1000
     # Llama-3.1-8B decode, batch 1 at context 1024: the measured FA3 kernel, >= 10 us/layer
     row = next(r for r in d["decode_attention"] if (r["num_heads"], r["num_kv_heads"],
-               r["batch"], r["kv_dtype"]) == (32, 8, 1, "bfloat16"))
+               r["head_dim"], r["batch"], r["kv_dtype"]) == (32, 8, 128, 1, "bfloat16"))
     t = row["seconds"][row["context"].index(1024)]
     m = build_cost_model(make_cfg(*H100))
     a = attn(m, decode(1, 1024))
@@ -322,27 +322,29 @@ GPU_CHECKS = REPO / "benchmarks" / "data"
 
 
 @pytest.mark.parametrize("gpu,bf16_median,fp8_block_median", [
-    ("h100-sxm", 0.96, 0.96), ("h200-sxm", 0.96, 0.91)])
+    ("h100-sxm", 0.966, 0.983), ("h200-sxm", 0.970, 0.931)])
 def test_shipped_gemm_tables_against_graph_replayed_kernels(gpu, bf16_median, fp8_block_median):
     """The shipped (aiconfigurator) GEMM lookups against cuBLAS timed on that GPU inside a
-    CUDA graph (benchmarks/data/gpu_checks_<gpu>.json, section graph_gemm; 11 shapes x m 1 to
-    4096): bf16 within 0.68-1.17x, median 0.96. Block-scaled fp8 linears (DeepSeek-V3) read
-    the per-tensor fp8 curves: median 0.91-0.96x of cuBLAS's block-scaled kernel, none above
-    2.1x. The imported fp8_block curves (dropped) were 2.97x, up to 10.9x: a 56 us host floor."""
+    CUDA graph (benchmarks/data/gpu_checks_<gpu>.json, section graph_gemm; 10 shapes x m 1 to
+    4096; not the 'tiny' 384 x 2048 shape, whose 32 weight copies stay in L2): bf16 within
+    0.68-1.11x. Block-scaled fp8 linears (DeepSeek-V3) read the per-tensor fp8 curves:
+    0.50-1.64x of cuBLAS's block-scaled kernel. The imported fp8_block curves (no longer
+    imported) were 2.2x (H100) / 2.6x (H200) of it, median, up to 10.9x: a 56 us host floor."""
     import json
     import statistics
 
     path = REPO / "configs" / "calibration" / f"{gpu}.json"
     c = Calibration(path, calmod.read_doc(path), load_hardware_spec(HardwareConfig(name=gpu)))
-    rows = json.loads((GPU_CHECKS / f"gpu_checks_{gpu}.json").read_text())["graph_gemm"][1:]
+    rows = [r for r in json.loads((GPU_CHECKS / f"gpu_checks_{gpu}.json").read_text())[
+        "graph_gemm"][1:] if r["name"] != "tiny"]
     bf16 = [c.gemm(r["m"], r["n"], r["k"], "bfloat16")[0] / r["bf16_s"] for r in rows]
     block = [c.gemm(r["m"], r["n"], r["k"], "fp8_block")[0] / r["fp8_block_s"]
              for r in rows if "fp8_block_s" in r]
-    assert (len(bf16), len(block)) == (55, 40)  # cuBLAS has no block-scaled kernel at m = 1
-    assert statistics.median(bf16) == pytest.approx(bf16_median, abs=0.005)
-    assert 0.67 < min(bf16) and max(bf16) < 1.18
-    assert statistics.median(block) == pytest.approx(fp8_block_median, abs=0.005)
-    assert 0.5 < min(block) and max(block) < 2.1
+    assert (len(bf16), len(block)) == (50, 36)  # cuBLAS has no block-scaled kernel at m = 1
+    assert statistics.median(bf16) == pytest.approx(bf16_median, abs=0.001)
+    assert 0.68 < min(bf16) and max(bf16) < 1.12
+    assert statistics.median(block) == pytest.approx(fp8_block_median, abs=0.001)
+    assert 0.5 < min(block) and max(block) < 1.65
     assert not [r for r in calmod.read_doc(path)["gemm"] if r["dtype"] == "fp8_block"]
 
 

@@ -381,8 +381,9 @@ def test_deepseek_mla_ops_and_attention_by_value():
 def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_256_tokens():
     """vLLM 0.22.1 SharedExperts (MULTI_STREAM_OVERLAPPED, VLLM_SHARED_EXPERTS_STREAM_TOKEN_
     THRESHOLD 256): up to 256 (padded) tokens the shared experts run on an aux CUDA stream
-    beside router + routed experts; the pair takes max(t_main + bytes_shared / bw, t_shared).
-    Above 256 tokens, on ROCm and for models without shared experts: serial."""
+    beside router + routed experts; the pair takes max(t_main + bytes_shared / bw,
+    t_shared + bytes_main / bw). Above 256 tokens, on ROCm and for models without shared
+    experts: serial."""
     m = model("model.name=deepseek-v3", "hardware.name=h200-sxm",
               "parallel.tensor_parallel_size=8")
     bw = 4800e9  # H200 HBM, spec sheet (B/s)
@@ -398,14 +399,17 @@ def test_deepseek_shared_experts_overlap_the_routed_ones_up_to_256_tokens():
         if not overlapped:
             continue
         main = o["router"].seconds + o["experts"].seconds
+        b_main = o["router"].bytes + o["experts"].bytes
         sh = o["shared_experts"].seconds + o["shared_experts.act_fn"].seconds
-        b = o["shared_experts"].bytes + o["shared_experts.act_fn"].bytes
+        b_sh = o["shared_experts"].bytes + o["shared_experts.act_fn"].bytes
         assert o["shared_experts_overlap"].seconds == pytest.approx(
-            max(main + b / bw, sh) - main - sh)
+            max(main + b_sh / bw, sh + b_main / bw) - main - sh)
         assert o["shared_experts_overlap"].count == 58
         assert names.index("shared_experts_overlap") == names.index("shared_experts.act_fn") + 1
+        assert m.op_family("shared_experts_overlap") == "overlap"
     # batch 8: the routed experts (6.0 ms over 58 layers) hide all but the shared bytes
     o = {x.name: x for x in m.step_time(decode(8, 2048)).breakdown}
+    assert o["experts"].seconds > o["shared_experts"].seconds + o["shared_experts.act_fn"].seconds
     assert o["shared_experts_overlap"].seconds == pytest.approx(
         o["shared_experts"].bytes / bw + o["shared_experts.act_fn"].bytes / bw
         - o["shared_experts"].seconds - o["shared_experts.act_fn"].seconds)

@@ -337,22 +337,28 @@ def test_interrupt_writes_the_rows_measured_so_far(tmp_path, monkeypatch):
     _calibrate_here(monkeypatch, _small_plan())
     _FakeGpu(monkeypatch, interrupt_at=2)
     out = tmp_path / "h100.yaml"
+    out.write_text("an earlier, complete file")
     with pytest.raises(Interrupted) as e:
         C.run_calibration("h100-sxm", out, quick=True, log=lambda *_: None)
-    assert str(e.value) == f"interrupted after 2 of 6 shapes; written to {out}"
+    part = tmp_path / "h100.partial.yaml"
+    assert str(e.value) == f"stopped by Ctrl-C/SIGTERM after 2 of 6 shapes; written to {part}"
     assert e.value.exit_code == 130
-    doc = C.read_calibration(out)
+    assert out.read_text() == "an earlier, complete file"  # not replaced by a partial one
+    doc = C.read_calibration(part)
     assert [len(doc[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 1, 0]
-    assert doc["source"]["partial"] == "interrupted after 2 of 6 shapes"
-    # interrupted before any row: nothing is written
+    assert doc["source"]["partial"] == "stopped by Ctrl-C/SIGTERM after 2 of 6 shapes"
+    # interrupted during the first GEMM (only the memcpy probe measured): nothing is written
     out2 = tmp_path / "none.yaml"
-    plan = _small_plan()
-    plan.memcpy = []
-    _calibrate_here(monkeypatch, plan)
+    _calibrate_here(monkeypatch, _small_plan())
     _FakeGpu(monkeypatch, interrupt_at=1)
     with pytest.raises(Interrupted, match="no kernel was measured; nothing was written"):
         C.run_calibration("h100-sxm", out2, quick=True, log=lambda *_: None)
-    assert not out2.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h100.partial.yaml", "h100.yaml"]
+    # the time limit reached after the memcpy probe alone: an error, nothing written
+    _FakeGpu(monkeypatch)
+    with pytest.raises(ServesimError, match="before any GEMM, attention or MoE kernel"):
+        C.run_calibration("h100-sxm", out2, quick=True, log=lambda *_: None, time_limit=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h100.partial.yaml", "h100.yaml"]
 
 
 def test_cli_time_limit_and_the_partial_file_warning(tmp_path, monkeypatch, capsys):
@@ -369,7 +375,11 @@ def test_cli_time_limit_and_the_partial_file_warning(tmp_path, monkeypatch, caps
     out = tmp_path / "h100.yaml"
     main(["calibrate", "--gpu", "h100-sxm", "--quick", "--quiet", "--time-limit", "15",
           "-o", str(out)])
-    assert capsys.readouterr().out.strip().endswith(f"wrote {out}")
+    io = capsys.readouterr()
+    out = tmp_path / "h100.partial.yaml"
+    assert io.out.strip() == f"wrote {out}"
+    assert io.err.strip() == ("partial: time limit reached after 2 of 6 shapes; point "
+                              "hardware.calibration at the file to use it")
     doc = C.read_calibration(out)
     assert doc["source"]["partial"] == "time limit reached after 2 of 6 shapes"
     cfg = resolve_config(load_config(None, ["model.name=llama-3.1-8b", "hardware.name=h100-sxm",
