@@ -295,29 +295,26 @@ def _small_plan():
     return plan
 
 
+def _measure_until(limit_s: float) -> dict:
+    """measure_plan of :func:`_small_plan` on the fake clock with a ``limit_s`` deadline."""
+    plan = _small_plan()
+    doc = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
+    with pytest.MonkeyPatch.context() as mp:
+        fake = _FakeGpu(mp)
+        C.measure_plan(plan, doc, C.BENCH_QUICK, deadline=fake.now + limit_s)
+    return doc
+
+
 def test_time_limit_keeps_the_rows_measured_before_it():
     """No shape starts after the deadline: at 10 s per shape and a 25 s limit, the memcpy and
     two GEMMs (started at 0, 10, 20 s) are kept; the third GEMM (at 30 s) is not started."""
-    plan = _small_plan()
-    doc = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
-    mp = pytest.MonkeyPatch()
-    try:
-        fake = _FakeGpu(mp)
-        C.measure_plan(plan, doc, C.BENCH_QUICK, deadline=fake.now + 25)
-    finally:
-        mp.undo()
+    doc = _measure_until(25)
     assert [len(doc[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 2, 0]
     assert [r["m"] for r in doc["gemm"]] == [1, 16]
     assert doc["source"]["partial"] == "time limit reached after 3 of 6 shapes"
-    doc2 = C.new_document("h100-sxm", synthetic_doc()["fingerprint"], dict(plan.peaks))
-    mp = pytest.MonkeyPatch()
-    try:
-        fake = _FakeGpu(mp)
-        C.measure_plan(plan, doc2, C.BENCH_QUICK, deadline=fake.now + 1e6)
-    finally:
-        mp.undo()
-    assert "partial" not in doc2["source"]
-    assert [len(doc2[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 3, 2]
+    doc = _measure_until(1e6)
+    assert "partial" not in doc["source"]
+    assert [len(doc[f]) for f in ("memcpy", "gemm", "decode_attention")] == [1, 3, 2]
 
 
 def _calibrate_here(monkeypatch, plan):
