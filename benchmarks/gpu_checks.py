@@ -1,15 +1,17 @@
 """GPU checks beside `simulate calibrate` (needs a CUDA GPU; one JSON file of results).
 
-    python benchmarks/gpu_checks.py -o gpu_checks.json [--sections correctness,fp8,step]
+    python benchmarks/gpu_checks.py -o gpu_checks.json [--sections correctness,graph_gemm,step]
 
 Sections (each independent; a failure is recorded and the next one runs):
 
 - ``correctness``: the Triton kernels (GEMM bf16/fp8, paged decode, chunked prefill) on this
   GPU against the fp32 references of ``kernels/reference.py`` (max |error| per case). The test
   suite checks them only under ``TRITON_INTERPRET=1`` on the CPU.
-- ``fp8``: per-tensor-scaled fp8 GEMM (``torch._scaled_mm``, cuBLASLt) against bf16
-  ``torch.matmul`` at small M, for the DeepSeek-V3 and Llama-3.1-70B shapes: a floor on what
-  an fp8 GEMM costs at 1-64 rows (the imported ``fp8_block`` tables show a 57-95 µs floor).
+- ``graph_gemm``: GEMMs captured back to back in a CUDA graph and replayed (no host launch
+  cost, as vLLM replays decode): bf16 ``torch.matmul``, per-tensor fp8 ``torch._scaled_mm``
+  and block-scaled fp8 (1x128 activations, 128x128 weights) ``F.scaled_mm``, for Llama-3.1-8B,
+  Llama-3.1-70B (TP 4) and DeepSeek-V3 (TP 8) shapes at 1-4096 rows; weight copies rotate
+  so that the weights come from HBM (not for the 'tiny' 384 x 2048 shape: its copies fit L2).
 - ``step``: a Llama-3.1-8B-shaped decoder (32 layers of bf16 weights, fused RMSNorm, RoPE,
   GQA attention through SDPA on contiguous K/V, SiLU-and-mul, LM head on the last rows) timed
   per step: uniform decode batches replayed from a CUDA graph, and single-sequence prefills
@@ -106,35 +108,6 @@ def correctness() -> list[dict]:
     return out
 
 
-# -- fp8 small-M floor -----------------------------------------------------------------------
-
-FP8_SHAPES = {  # (n, k): DeepSeek-V3 per-GPU at TP 8, Llama-3.1-70B at TP 4
-    "dsv3 q_a+kv_a": (2112, 7168), "dsv3 q_b tp8": (3072, 1536), "dsv3 o tp8": (7168, 2048),
-    "dsv3 dense gate_up tp8": (4608, 7168), "dsv3 dense down tp8": (7168, 2304),
-    "70b qkv tp4": (2560, 8192), "70b gate_up tp4": (14336, 8192), "70b down tp4": (8192, 7168),
-}
-
-
-def fp8_floor() -> list[dict]:
-    out = []
-    one = torch.ones((), device="cuda")
-    for name, (n, k) in FP8_SHAPES.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        w8 = w.to(torch.float8_e4m3fn)
-        for m in (1, 8, 64, 512, 4096):
-            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            a8 = a.to(torch.float8_e4m3fn)
-            row = {"name": name, "m": m, "n": n, "k": k,
-                   "bf16_s": cuda_median(lambda a=a, w=w: torch.matmul(a, w.t()))}
-            try:
-                row["fp8_s"] = cuda_median(lambda a8=a8, w8=w8: torch._scaled_mm(
-                    a8, w8.t(), one, one, out_dtype=torch.bfloat16))
-            except (RuntimeError, ValueError) as e:
-                row["fp8_error"] = str(e).splitlines()[0][:160]
-            out.append(row)
-    return out
-
-
 # -- GEMMs replayed from a CUDA graph ---------------------------------------------------------
 
 def graph_per_call(calls, reps: int = 10) -> float:
@@ -170,8 +143,12 @@ def _blockwise(a8, w8, m: int, n: int, k: int):
                                None, torch.bfloat16)
 
 
-GRAPH_SHAPES = {**FP8_SHAPES, "8b qkv": (6144, 4096), "8b down": (4096, 14336),
-                "tiny": (384, 2048)}
+GRAPH_SHAPES = {  # (n, k): DeepSeek-V3 per GPU at TP 8, Llama-3.1-70B at TP 4, Llama-3.1-8B
+    "dsv3 q_a+kv_a": (2112, 7168), "dsv3 q_b tp8": (3072, 1536), "dsv3 o tp8": (7168, 2048),
+    "dsv3 dense gate_up tp8": (4608, 7168), "dsv3 dense down tp8": (7168, 2304),
+    "70b qkv tp4": (2560, 8192), "70b gate_up tp4": (14336, 8192), "70b down tp4": (8192, 7168),
+    "8b qkv": (6144, 4096), "8b down": (4096, 14336), "tiny": (384, 2048),
+}
 
 
 def graph_gemm() -> list[dict]:
@@ -298,8 +275,7 @@ def step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256
     return out
 
 
-SECTIONS = {"correctness": correctness, "fp8": fp8_floor, "graph_gemm": graph_gemm,
-            "step": step}
+SECTIONS = {"correctness": correctness, "graph_gemm": graph_gemm, "step": step}
 
 
 def main(argv=None) -> int:

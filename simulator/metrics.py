@@ -95,8 +95,9 @@ def derive_request_columns(raw: Mapping[str, np.ndarray],
     """Raw engine fields of some requests → the ``RunResult.requests`` columns.
 
     TTFT = first token − send, E2EL = finish − send (client-visible times; NaN unless
-    finished stop/length; ``finish_s`` of a failed request is when it ended for the client), TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1,
-    queue = first scheduled − queued in the engine; engine-side columns: ``ENGINE_COLUMNS``.
+    finished stop/length; ``finish_s`` of a failed request is when it ended for the client),
+    TPOT = (E2EL − TTFT) / (output_len − 1) for output_len > 1, queue = first scheduled −
+    queued in the engine; engine-side columns: ``ENGINE_COLUMNS``.
     Row-wise, so any window of rows gives the same values as the whole run. ``client_columns``
     adds ``stage`` (load stage index), ``warmup`` (bool: excluded from the metrics) and
     ``attempts`` (sends, > 1 after timeouts with retries) for runs that use them."""
