@@ -348,6 +348,40 @@ def test_shipped_gemm_tables_against_graph_replayed_kernels(gpu, bf16_median, fp
     assert not [r for r in calmod.read_doc(path)["gemm"] if r["dtype"] == "fp8_block"]
 
 
+@pytest.mark.parametrize("gpu,no_prefix,prefix", [
+    ("h100-sxm", 1.085, 0.579), ("h200-sxm", 1.066, 0.580)])
+def test_shipped_prefill_attention_against_measured_kernels(gpu, no_prefix, prefix):
+    """The shipped FA3 prefill lookups (context 0 only; a chunk after cached tokens scaled by
+    causal pairs) against ``simulate calibrate --quick`` on that GPU (measured/<gpu>.json: the
+    faster of SDPA and servesim's Triton kernel; 9 head layouts x chunk 256/2048/8192): ~1x
+    without a prefix; 0.58x after 4,096 cached tokens, where SDPA's lower-right-causal rate
+    (FLOPs = 4 heads head_dim pairs, pairs = c p + c (c + 1) / 2) is about half its no-prefix
+    rate for the same chunk (Llama-8B heads, chunk 8192: 340 against 620 TFLOPs on the H100)
+    while the pairs-scaled table keeps FA3's."""
+    import json
+    import statistics
+
+    path = REPO / "configs" / "calibration" / f"{gpu}.json"
+    c = Calibration(path, calmod.read_doc(path), load_hardware_spec(HardwareConfig(name=gpu)))
+    rows = json.loads((REPO / "configs" / "calibration" / "measured" / f"{gpu}.json")
+                      .read_text())["prefill_attention"]
+
+    def ratios(ctx):
+        return [c.prefill(r["num_heads"], r["num_kv_heads"], r["head_dim"], "bfloat16",
+                          r["chunk"], ctx)[0] / r["seconds"] for r in rows if r["context"] == ctx]
+    r0, r4 = ratios(0), ratios(4096)
+    assert (len(r0), len(r4)) == (27, 27)
+    assert statistics.median(r0) == pytest.approx(no_prefix, abs=0.001)
+    assert statistics.median(r4) == pytest.approx(prefix, abs=0.001)
+
+    def tflops(chunk, ctx):
+        r = next(r for r in rows if (r["num_heads"], r["num_kv_heads"], r["head_dim"],
+                                     r["chunk"], r["context"]) == (32, 8, 128, chunk, ctx))
+        return 4 * 32 * 128 * (chunk * ctx + chunk * (chunk + 1) / 2) / r["vendor_s"] / 1e12
+    if gpu == "h100-sxm":
+        assert (tflops(8192, 0), tflops(8192, 4096)) == pytest.approx((622, 340), abs=1)
+
+
 _CAL: dict = {}
 
 
