@@ -1,6 +1,6 @@
 """GPU checks beside `simulate calibrate` (needs a CUDA GPU; one JSON file of results).
 
-    python benchmarks/gpu_checks.py -o gpu_checks.json [--sections correctness,graph_gemm,step]
+    python benchmarks/gpu_checks.py -o gpu_checks.json [--sections correctness,graph_gemm,step,...]
 
 Sections (each independent; a failure is recorded and the next one runs):
 
@@ -17,6 +17,13 @@ Sections (each independent; a failure is recorded and the next one runs):
   per step: uniform decode batches replayed from a CUDA graph, and single-sequence prefills
   run eagerly. Plain PyTorch, not vLLM: it checks the cost model's composition of GEMM and
   attention time, not vLLM's fused kernels or its host work.
+- ``varlen_attention``: FlashAttention-2 through ``torch.nn.attention.varlen.varlen_attn`` (the
+  varlen kernel family of vLLM's FlashAttention backend; vLLM runs FA3 on Hopper, which torch
+  runs only with ``flash_attn_interface`` installed) for one prefill chunk after 0-16k cached
+  tokens and for uniform decode batches, beside SDPA's lower-right-causal path under each
+  SDPA backend for the same prefill shapes. It tests the cost model's assumption that a chunk
+  after cached tokens runs at the no-prefix per-(query, key)-pair rate. Replayed from a CUDA
+  graph where capture works (``graphed``), else eager.
 
 Times are CUDA-event medians in seconds; weights are random (timing does not depend on values).
 """
@@ -275,7 +282,109 @@ def step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256
     return out
 
 
-SECTIONS = {"correctness": correctness, "graph_gemm": graph_gemm, "step": step}
+# -- varlen (FlashAttention-2) attention with a cached prefix -----------------------------------
+
+def _causal_pairs(c: int, p: int) -> float:
+    """(query, key) pairs of a causal chunk of ``c`` queries after ``p`` cached keys."""
+    return c * p + c * (c + 1) / 2
+
+
+def _timed(fn) -> tuple[float, bool]:
+    """(median seconds per call, graphed): replayed from a CUDA graph, else eager."""
+    try:
+        return graph_per_call([fn]), True
+    except Exception:  # noqa: BLE001 -- capture unsupported: time it eagerly
+        torch.cuda.synchronize()
+        return cuda_median(fn, reps=10), False
+
+
+def varlen_attention(layouts=((32, 8, 128), (16, 2, 128)),
+                     prefill=((256, 0), (2048, 0), (8192, 0), (256, 4096), (2048, 4096),
+                              (8192, 4096), (512, 16384), (2048, 16384)),
+                     decode=((1, 1024), (8, 1024), (64, 1024), (256, 1024), (64, 4096),
+                             (32, 8192))) -> dict:
+    """FA2 varlen (bottom-right causal) and SDPA (lower-right causal, per backend) timings; a
+    small case checks FA2's causal alignment against an fp32 masked reference."""
+    import inspect
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {}
+    dev, bf = "cuda", torch.bfloat16
+    doc: dict = {"signature": str(inspect.signature(varlen_attn)), "causal_kwargs": str(causal)}
+
+    def cu(*xs):
+        return torch.tensor(xs, device=dev, dtype=torch.int32)
+
+    # alignment: 64 queries after 128 cached keys, against an fp32 bottom-right mask
+    h, kvh, d, c, p = 8, 2, 128, 64, 128
+    q = torch.randn(c, h, d, device=dev, dtype=bf)
+    k, v = (torch.randn(p + c, kvh, d, device=dev, dtype=bf) for _ in range(2))
+    got = varlen_attn(q, k, v, cu(0, c), cu(0, p + c), c, p + c, **causal, **gqa).float()
+    kr, vr = (x.float().repeat_interleave(h // kvh, dim=1).transpose(0, 1) for x in (k, v))
+    mask = torch.ones(c, p + c, device=dev, dtype=torch.bool).tril(diagonal=p)
+    ref = F.scaled_dot_product_attention(q.float().transpose(0, 1), kr, vr, attn_mask=mask)
+    doc["bottom_right_max_abs_err"] = float((got - ref.transpose(0, 1)).abs().max())
+    cq, ck = cu(0, c), cu(0, p + c)
+    try:  # capture once; where varlen_attn cannot be captured, everything is timed eagerly
+        graph_per_call([lambda q=q, k=k, v=v: varlen_attn(q, k, v, cq, ck, c, p + c, **causal,
+                                                           **gqa)])
+        timed, doc["graph_capture"] = _timed, True
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.synchronize()
+        doc["graph_capture"] = str(e).splitlines()[0][:200]
+
+        def timed(fn):
+            return cuda_median(fn, reps=10), False
+
+    rows = []
+    for h, kvh, d in layouts:
+        for c, p in prefill:
+            q = torch.randn(c, h, d, device=dev, dtype=bf)
+            k, v = (torch.randn(p + c, kvh, d, device=dev, dtype=bf) for _ in range(2))
+            cq, ck = cu(0, c), cu(0, p + c)
+            t, graphed = timed(lambda q=q, k=k, v=v, cq=cq, ck=ck, c=c, p=p: varlen_attn(
+                q, k, v, cq, ck, c, p + c, **causal, **gqa))
+            flops = 4 * h * d * _causal_pairs(c, p)
+            row = {"kind": "prefill", "heads": h, "kv_heads": kvh, "head_dim": d, "chunk": c,
+                   "context": p, "flops": flops, "fa2_varlen_s": t, "graphed": graphed}
+            qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            bias = causal_lower_right(c, p + c)
+            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                                  ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                  ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                try:
+                    with sdpa_kernel([backend]):
+                        row[f"sdpa_{name}_s"] = timed(
+                            lambda qs=qs, ks=ks, vs=vs, bias=bias:
+                            F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias,
+                                                           enable_gqa=True))[0]
+                except Exception as e:  # noqa: BLE001 -- this backend refuses the shape
+                    row[f"sdpa_{name}_s"] = None
+                    row[f"sdpa_{name}_error"] = str(e).splitlines()[0][:200]
+            rows.append(row)
+            del q, k, v, qs, ks, vs
+        for b, n in decode:
+            q = torch.randn(b, h, d, device=dev, dtype=bf)
+            k, v = (torch.randn(b * n, kvh, d, device=dev, dtype=bf) for _ in range(2))
+            cq = torch.arange(b + 1, device=dev, dtype=torch.int32)
+            ck = torch.arange(0, b * n + 1, n, device=dev, dtype=torch.int32)
+            t, graphed = timed(lambda q=q, k=k, v=v, cq=cq, ck=ck, n=n: varlen_attn(
+                q, k, v, cq, ck, 1, n, **gqa))
+            rows.append({"kind": "decode", "heads": h, "kv_heads": kvh, "head_dim": d,
+                         "batch": b, "context": n, "kv_bytes": 2 * b * n * kvh * d * 2,
+                         "fa2_varlen_s": t, "graphed": graphed})
+            del q, k, v
+    doc["rows"] = rows
+    return doc
+
+
+SECTIONS = {"correctness": correctness, "graph_gemm": graph_gemm, "step": step,
+            "varlen_attention": varlen_attention}
 
 
 def main(argv=None) -> int:
