@@ -5,10 +5,15 @@
 memset, larger than any current L2) and timed with its own pair of CUDA events; it returns
 the median in seconds. Bounding the repeats keeps tiny kernels from spending seconds on
 flushes (do_bench would run thousands of flushed repeats of a 5 us kernel).
+
+Attention's vendor path is vLLM's own FlashAttention kernel (``flash_attn_varlen_func`` over
+the paged cache, the FA version vLLM picks: 3 on Hopper, 2 on Ampere) when vLLM is installed,
+what vLLM's FlashAttention backend runs; else SDPA on contiguous K/V.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -180,8 +185,58 @@ def _time_sdpa(q, k, v, s: BenchSettings, label: str, **kw):
     return None, None
 
 
+@functools.cache
+def vllm_flash_attn() -> tuple | None:
+    """``(flash_attn_varlen_func, fa_version)`` of vLLM's FlashAttention backend (vLLM
+    ``fa_utils``: the version it picks for this GPU) when vLLM is installed and usable on this
+    GPU, else None."""
+    if DEVICE != "cuda":
+        return None
+    try:
+        from vllm.v1.attention.backends.fa_utils import (
+            flash_attn_varlen_func,
+            get_flash_attn_version,
+        )
+
+        version = get_flash_attn_version()
+    except Exception:  # noqa: BLE001 -- no vLLM, or one that cannot run here
+        return None
+    return None if version is None else (flash_attn_varlen_func, version)
+
+
+# a run whose vLLM output differs from servesim's Triton kernel by more than this (bf16 inputs
+# of unit scale: outputs are averages of values within a few units) measured the wrong thing
+VLLM_MAX_ABS_ERR = 0.05
+
+
+def _time_vllm(q, k, v, table, lens, cu_q, max_q: int, max_k: int, reference, s: BenchSettings,
+               what: str) -> dict:
+    """``{vendor_s, vendor_impl, vllm_max_abs_err}`` of vLLM's ``flash_attn_varlen_func`` as
+    its FlashAttention backend calls it (paged K/V, ``seqused_k``, bottom-right causal; without
+    the FA3 scheduler metadata vLLM computes ahead, which the kernel then computes itself),
+    once its output matches ``reference`` (servesim's Triton output); else ``{vllm_error}``;
+    {} without vLLM or for inputs it does not take (fp32; an fp8 cache, whose scales are not
+    set up here)."""
+    fa = vllm_flash_attn()
+    if fa is None or q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype:
+        return {}
+    fn, version = fa
+    call = lambda: fn(q=q, k=k, v=v, max_seqlen_q=max_q, cu_seqlens_q=cu_q,
+                      max_seqlen_k=max_k, seqused_k=lens, causal=True, block_table=table,
+                      fa_version=version)
+    try:
+        err = float((call().float() - reference.float()).abs().max())
+    except Exception as e:  # noqa: BLE001 -- an API change: the SDPA stand-in instead
+        return {"vllm_error": f"{what}: {e.__class__.__name__}: {str(e).splitlines()[0][:120]}"}
+    if not err <= VLLM_MAX_ABS_ERR:
+        return {"vllm_error": f"{what}: output differs from the Triton kernel's by {err:.3g}"}
+    return {"vendor_s": bench(call, s), "vllm_max_abs_err": err,
+            "vendor_impl": f"vllm flash_attn_varlen_func (FA{version}, paged)"}
+
+
 def time_decode(d: DecodeShape, block_size: int, s: BenchSettings) -> dict:
-    """Paged Triton decode; vendor = SDPA on contiguous (pre-gathered) K/V, uniform batches."""
+    """Paged Triton decode; vendor = vLLM's FlashAttention when installed (any lengths), else
+    SDPA on contiguous (pre-gathered) K/V for uniform batches."""
     from servesim.kernels.paged_attention import paged_decode_attention
 
     dt, kvdt = _DT[d.dtype], _DT[d.kv_dtype]
@@ -190,7 +245,12 @@ def time_decode(d: DecodeShape, block_size: int, s: BenchSettings) -> dict:
     q = torch.randn(d.batch, d.num_heads, d.head_dim, device=DEVICE, dtype=dt)
     lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     maxlen = max(lengths)
-    triton_s = bench(lambda: paged_decode_attention(q, k, v, table, lens, max_seq_len=maxlen), s)
+    triton = lambda: paged_decode_attention(q, k, v, table, lens, max_seq_len=maxlen)
+    triton_s = bench(triton, s)
+    cu_q = torch.arange(d.batch + 1, dtype=torch.int32, device=DEVICE)
+    got = _time_vllm(q, k, v, table, lens, cu_q, 1, maxlen, triton(), s, "decode")
+    if "vendor_s" in got:
+        return {"triton_s": triton_s, **got, "num_splits": _splits(d, maxlen)}
     vendor_s = impl = None
     if not d.lengths and kvdt == dt:
         k = v = None  # free the paged caches before the vendor copy
@@ -198,7 +258,7 @@ def time_decode(d: DecodeShape, block_size: int, s: BenchSettings) -> dict:
         vc = torch.randn_like(kc)
         vendor_s, impl = _time_sdpa(q.unsqueeze(2), kc, vc, s, "contiguous kv")
     return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl,
-            "num_splits": _splits(d, maxlen)}
+            "num_splits": _splits(d, maxlen), **got}
 
 
 def _splits(d: DecodeShape, maxlen: int) -> int:
@@ -209,8 +269,9 @@ def _splits(d: DecodeShape, maxlen: int) -> int:
 
 
 def time_prefill(f: PrefillShape, block_size: int, s: BenchSettings) -> dict:
-    """Paged Triton chunked prefill; vendor = SDPA (causal, bottom-right aligned) on contiguous
-    K/V of ``context + chunk`` tokens per sequence."""
+    """Paged Triton chunked prefill; vendor = vLLM's FlashAttention when installed, else SDPA
+    (causal, bottom-right aligned) on contiguous K/V of ``context + chunk`` tokens per
+    sequence."""
     from servesim.kernels.prefill_attention import (
         chunked_prefill_attention,
         prefill_block_q,
@@ -224,7 +285,11 @@ def time_prefill(f: PrefillShape, block_size: int, s: BenchSettings) -> dict:
     cu = torch.arange(0, f.batch + 1, dtype=torch.int32, device=DEVICE) * f.chunk
     lens = torch.full((f.batch,), L, dtype=torch.int32, device=DEVICE)
     tiles = tile_map(cu, q.shape[0], prefill_block_q(f.num_heads, f.num_kv_heads))
-    triton_s = bench(lambda: chunked_prefill_attention(q, k, v, table, cu, lens, tiles=tiles), s)
+    triton = lambda: chunked_prefill_attention(q, k, v, table, cu, lens, tiles=tiles)
+    triton_s = bench(triton, s)
+    got = _time_vllm(q, k, v, table, lens, cu, f.chunk, L, triton(), s, "prefill")
+    if "vendor_s" in got:
+        return {"triton_s": triton_s, **got}
     k = v = None  # free the paged caches before the vendor copy
     kc = torch.randn(f.batch, f.num_kv_heads, L, f.head_dim, device=DEVICE, dtype=dt)
     vc = torch.randn_like(kc)
@@ -236,7 +301,7 @@ def time_prefill(f: PrefillShape, block_size: int, s: BenchSettings) -> dict:
 
         kw = {"attn_mask": causal_lower_right(f.chunk, L)}
     vendor_s, impl = _time_sdpa(q4, kc, vc, s, "contiguous kv, causal lower-right", **kw)
-    return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl}
+    return {"triton_s": triton_s, "vendor_s": vendor_s, "vendor_impl": impl, **got}
 
 
 # --------------------------------------------------------------------------- MoE

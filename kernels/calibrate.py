@@ -62,12 +62,36 @@ BLOCK_SIZE = 16  # vLLM's default KV block size
 
 
 def _timed(r: dict) -> dict:
-    """``seconds`` and ``kernel`` of a Triton/vendor measurement (the faster one)."""
+    """``seconds`` and ``kernel`` of a Triton/vendor measurement: vLLM's own kernel when it
+    was measured (what vLLM runs), else the faster of the two."""
+    if r.get("vendor_s") and str(r.get("vendor_impl")).startswith("vllm "):
+        return {"seconds": r["vendor_s"], "kernel": r["vendor_impl"]}
     cand = [(r.get("vendor_s"), r.get("vendor_impl") or "vendor"), (r.get("triton_s"),
                                                                        "triton")]
     cand = [(t, k) for t, k in cand if t]
     t, k = min(cand)
     return {"seconds": t, "kernel": k}
+
+
+def yielded_families(path: Path, gpu: str) -> list[str]:
+    """One line per family of the file at ``path`` that ``hardware.calibration: auto`` takes
+    from the shipped file instead (measured only on stand-ins for vLLM's kernels)."""
+    from servesim.costmodels.calibration import Calibration, configs_dir, read_doc
+
+    shipped = next((p for ext in (".yaml", ".json")
+                    if (p := configs_dir() / "calibration" / f"{gpu}{ext}").is_file()), None)
+    if shipped is None:
+        return []
+    mine = read_doc(path, cached=False)
+    cal = Calibration([path, shipped], [mine, read_doc(shipped)])
+    out = []
+    for fam in ("decode_attention", "prefill_attention", "moe"):
+        if mine.get(fam) and cal.sources.get(fam) != f"measured/{path.name}":
+            ours = ", ".join(sorted({str(r.get("kernel")) for r in mine[fam]}))
+            out.append(f"note: {fam} was timed on stand-ins for vLLM's kernels ({ours}; vLLM "
+                       f"is not installed here): under hardware.calibration: auto the shipped "
+                       f"{shipped.name} ({', '.join(cal.kernels[fam])}) keeps it")
+    return out
 
 
 def utc_now() -> str:

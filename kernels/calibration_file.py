@@ -184,7 +184,8 @@ def write_calibration(doc: dict, path: Path) -> Path:
 
 def new_document(gpu: str, fingerprint: dict, peaks: dict) -> dict:
     """An empty measured calibration document (schema version 2: rows are points, each with
-    ``seconds`` = the faster of ``triton_s`` and ``vendor_s`` and the ``kernel`` it was)."""
+    ``seconds`` and the ``kernel`` it was: vLLM's own attention kernel where it was measured,
+    else the faster of ``triton_s`` and ``vendor_s``)."""
     return {"version": 2, "gpu": gpu, "fingerprint": fingerprint, "peaks": peaks,
             "source": {"kind": "measured", "tool": "simulate calibrate"},
             "memcpy": [], "gemm": [], "decode_attention": [], "prefill_attention": [],

@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"partial: {C.read_calibration(path)['source']['partial']}; point "
                        "hardware.calibration at the file to use it", err=True)
         typer.echo(f"wrote {path}")
+        if not quiet:
+            for line in C.yielded_families(path, gpu):
+                typer.echo(line)
 
     @cal.command("report")
     def report(

@@ -284,6 +284,41 @@ def test_user_measured_file_takes_precedence_per_family(tmp_path, monkeypatch):
     assert ops["qkv_proj"].provenance == "calibration:measured/h100-sxm.yaml"
 
 
+def test_attention_measured_on_stand_ins_yields_to_vllms_kernels(tmp_path, monkeypatch):
+    """``simulate calibrate`` without vLLM times attention on SDPA / Triton: under ``auto``
+    the shipped table (vLLM's FA3, aiconfigurator) keeps the family, while the same file's
+    GEMMs (cuBLAS, what vLLM runs for bf16) and a family measured on vLLM's own kernel take
+    precedence; a file selected alone is used as it is."""
+    user = tmp_path / "user"
+    user.mkdir()
+    dec = [{"batch": 1, "context": 1024, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+            "dtype": "bfloat16", "seconds": 9e-4, "kernel": k}
+           for k in ("sdpa(contiguous kv, enable_gqa)",)] + [
+           {"batch": 2, "context": 1024, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+            "dtype": "bfloat16", "seconds": 1e-3, "kernel": "triton"}]
+    pre = [{"batch": 1, "chunk": 1024, "context": 0, "num_heads": 32, "num_kv_heads": 8,
+            "head_dim": 128, "dtype": "bfloat16", "seconds": 7e-4,
+            "kernel": "vllm flash_attn_varlen_func (FA3, paged)"}]
+    gemm = [{"dtype": "bfloat16", "n": 6144, "k": 4096, "m": 1, "seconds": 1e-5,
+             "kernel": "torch.matmul"}]
+    mine = doc(gemm=gemm, decode_attention=dec, prefill_attention=pre)
+    mine["source"] = {"kind": "measured"}
+    write(user, mine, "h100-sxm.yaml")
+    monkeypatch.setenv("SERVESIM_CALIBRATION_DIR", str(user))
+    spec = load_hardware_spec(HardwareConfig(name="h100-sxm"))
+    c = load_calibration(HardwareConfig(name="h100-sxm"), spec)
+    assert c.gemm(1, 6144, 4096) == (1e-5, "calibration:measured/h100-sxm.yaml")
+    assert c.prefill(32, 8, 128, "bfloat16", 1024, 0) == (
+        7e-4, "calibration:measured/h100-sxm.yaml")
+    t, prov = c.decode(32, 8, 128, "bfloat16", 1, 1024)
+    assert prov.startswith("calibration:aiconfigurator-0.12.0/vllm-") and t < 1e-4
+    assert c.kernels["decode_attention"] == ["vllm_flash_attn_fa3"]
+    alone = load_calibration(HardwareConfig(name="h100-sxm",
+                                            calibration=str(user / "h100-sxm.yaml")), spec)
+    assert alone.decode(32, 8, 128, "bfloat16", 1, 1024) == (
+        9e-4, "calibration:measured/h100-sxm.yaml")
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_shipped_file_is_used_by_default(path):
     with warnings.catch_warnings():

@@ -388,3 +388,28 @@ def test_cli_time_limit_and_the_partial_file_warning(tmp_path, monkeypatch, caps
     assert msgs == [(f"{out}: a partial calibration (time limit reached after 2 of 6 shapes); "
                      "each op family it has replaces the shipped one: re-run `simulate "
                      "calibrate` to complete it")]
+
+
+def test_calibrate_says_which_families_auto_takes_from_the_shipped_file(tmp_path):
+    """The H100 run committed under configs/calibration/measured (no vLLM on that machine):
+    attention (SDPA / Triton) and MoE (torch reference) yield to the shipped FA3 / fused-MoE
+    tables under ``auto``, GEMMs (cuBLAS) do not; attention timed on vLLM's kernel does not
+    yield; a GPU with no shipped file has nothing to yield to."""
+    import json
+
+    src = Path(C.__file__).resolve().parents[1] / "configs" / "calibration" / "measured"
+    lines = C.yielded_families(src / "h100-sxm.json", "h100-sxm")
+    assert [x.split()[1] for x in lines] == ["decode_attention", "prefill_attention", "moe"]
+    assert lines[1] == (
+        "note: prefill_attention was timed on stand-ins for vLLM's kernels (sdpa(contiguous "
+        "kv, causal lower-right), sdpa(contiguous kv, causal lower-right, enable_gqa); vLLM is "
+        "not installed here): under hardware.calibration: auto the shipped h100-sxm.json "
+        "(vllm_flash_attn_fa3) keeps it")
+    doc = json.loads((src / "h100-sxm.json").read_text())
+    for fam in ("decode_attention", "prefill_attention"):
+        for r in doc[fam]:
+            r["kernel"] = "vllm flash_attn_varlen_func (FA3, paged)"
+    (tmp_path / "h100-sxm.json").write_text(json.dumps(doc))
+    assert [x.split()[1] for x in C.yielded_families(tmp_path / "h100-sxm.json", "h100-sxm")
+            ] == ["moe"]
+    assert C.yielded_families(src / "h100-sxm.json", "a10g") == []

@@ -1,0 +1,108 @@
+"""`simulate calibrate`'s attention vendor path when vLLM is installed: vLLM's own
+``flash_attn_varlen_func`` called as its FlashAttention backend calls it, checked against the
+Triton kernel's output before it is timed, and taken as the row's time (what vLLM runs).
+
+vLLM is not installed here: a stand-in with vLLM 0.22.1's exact signature
+(``vllm/vllm_flash_attn/flash_attn_interface.py``) computes attention from its arguments with
+the fp32 references, so a call that passes the wrong layout, lengths, block table or causal
+alignment gives a different output and is caught. The harness runs on the CPU (Triton
+interpreter, wall clock; times are meaningless)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from servesim.kernels import bench as B
+from servesim.kernels import calibrate as C
+from servesim.kernels.reference import chunked_prefill_attention_ref
+
+SETTINGS = C.BenchSettings(0.0, 0.0, 1, 1)
+CALLS: list[dict] = []
+
+
+def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
+                           seqused_k=None, q_v=None, dropout_p=0.0, softmax_scale=None,
+                           causal=False, window_size=None, softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None,
+                           return_softmax_lse=False, out=None, scheduler_metadata=None,
+                           q_descale=None, k_descale=None, v_descale=None, num_splits=0,
+                           fa_version=2, s_aux=None, cp_world_size=1, cp_rank=0,
+                           cp_tot_seqused_k=None, *, _top_left=False):
+    """vLLM's paged varlen FlashAttention, by definition: sequence i's queries
+    ``cu_seqlens_q[i]:cu_seqlens_q[i+1]`` attend to the first ``seqused_k[i]`` keys of its
+    blocks, causal aligned bottom-right (``_top_left``: FA1's alignment, a wrong kernel)."""
+    CALLS.append({"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k,
+                  "causal": causal, "fa_version": fa_version})
+    assert causal and block_table is not None and seqused_k is not None
+    lens = seqused_k
+    if _top_left:  # as if each sequence's keys ended with its queries
+        lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    return chunked_prefill_attention_ref(q, k, v, block_table, cu_seqlens_q, lens)
+
+
+@pytest.fixture
+def vllm(monkeypatch):
+    monkeypatch.setattr(B, "DEVICE", "cpu")
+    monkeypatch.setattr(B, "vllm_flash_attn", lambda: (flash_attn_varlen_func, 3))
+    CALLS.clear()
+
+
+def test_decode_times_vllms_kernel_on_mixed_lengths_too(vllm):
+    """Uniform and mixed decode batches (SDPA's stand-in takes only uniform ones): one checked
+    call, then the timed ones; the row's time is vLLM's even where Triton was faster."""
+    for shape in (C.DecodeShape(3, 40, 40, 4, 2, 16, "bfloat16", "bfloat16"),
+                  C.DecodeShape(3, 30, 57, 4, 1, 16, "bfloat16", "bfloat16", (7, 26, 57))):
+        CALLS.clear()
+        r = B.time_decode(shape, 16, SETTINGS)
+        assert r["vendor_impl"] == "vllm flash_attn_varlen_func (FA3, paged)"
+        assert r["vllm_max_abs_err"] < 0.02 and r["vendor_s"] > 0
+        assert CALLS[0] == {"max_seqlen_q": 1, "max_seqlen_k": max(shape.lengths or [40]),
+                            "causal": True, "fa_version": 3}
+        assert len(CALLS) >= 2  # the check, then the timed calls
+        faster_triton = dict(r, triton_s=r["vendor_s"] / 2)
+        assert C._timed(faster_triton) == {"seconds": r["vendor_s"],
+                                           "kernel": r["vendor_impl"]}
+
+
+def test_prefill_after_cached_tokens_checks_the_causal_alignment(vllm, monkeypatch):
+    """A chunk of 20 after 10 cached tokens: vLLM's bottom-right alignment matches the Triton
+    kernel; a kernel aligned top-left does not, so the row records why and falls back to SDPA
+    on contiguous K/V (the faster of it and Triton)."""
+    shape = C.PrefillShape(2, 20, 10, 4, 2, 16, "bfloat16")
+    r = B.time_prefill(shape, 16, SETTINGS)
+    assert r["vendor_impl"] == "vllm flash_attn_varlen_func (FA3, paged)"
+    assert CALLS[0]["max_seqlen_q"] == 20 and CALLS[0]["max_seqlen_k"] == 30
+    assert r["vllm_max_abs_err"] < 0.02
+
+    def top_left(*a, **kw):
+        return flash_attn_varlen_func(*a, **kw, _top_left=True)
+    monkeypatch.setattr(B, "vllm_flash_attn", lambda: (top_left, 3))
+    r = B.time_prefill(shape, 16, SETTINGS)
+    assert r["vllm_error"].startswith("prefill: output differs from the Triton kernel's by ")
+    assert float(r["vllm_error"].rsplit(" ", 1)[1]) > B.VLLM_MAX_ABS_ERR
+    assert r["vendor_impl"].startswith("sdpa(contiguous kv, causal lower-right")
+    assert C._timed(r)["seconds"] == min(r["triton_s"], r["vendor_s"])
+
+
+def test_inputs_vllm_does_not_take_keep_the_stand_ins(vllm):
+    """fp32 (vLLM's FlashAttention takes fp16/bf16) and an fp8 cache (its scales are not set
+    up here): no vLLM call, the SDPA / Triton stand-ins as before."""
+    r = B.time_prefill(C.PrefillShape(1, 8, 0, 4, 2, 16, "float32"), 16, SETTINGS)
+    assert not CALLS and r["vendor_impl"].startswith("sdpa(") and "vllm_error" not in r
+    r = B.time_decode(C.DecodeShape(2, 40, 40, 4, 2, 16, "bfloat16", "float8_e4m3fn"), 16,
+                      SETTINGS)
+    assert not CALLS and r["vendor_s"] is None and C._timed(r)["kernel"] == "triton"
+
+
+def test_without_vllm_or_a_gpu_there_is_no_vllm_kernel(monkeypatch):
+    """The probe needs CUDA and an importable vLLM (neither here)."""
+    B.vllm_flash_attn.cache_clear()
+    monkeypatch.setattr(B, "DEVICE", "cpu")
+    assert B.vllm_flash_attn() is None
+    B.vllm_flash_attn.cache_clear()
+    monkeypatch.setattr(B, "DEVICE", "cuda")
+    assert B.vllm_flash_attn() is None  # `import vllm` fails here
+    B.vllm_flash_attn.cache_clear()
