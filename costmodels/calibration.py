@@ -140,13 +140,21 @@ def load_calibration(hw_cfg: HardwareConfig, spec: HardwareSpec) -> Calibration 
         partial = (doc.get("source") or {}).get("partial")
         if partial:
             _warn(f"{p}: a partial calibration ({partial}); each op family it has replaces "
-                  "the shipped one: re-run `simulate calibrate` to complete it")
+                  "the shipped one (but attention or MoE measured only on stand-ins for "
+                  "vLLM's kernels): re-run `simulate calibrate` to complete it")
         if (doc.get("source") or {}).get("kind") == "aiconfigurator":
             continue  # imported tables carry their package and vLLM versions, not a date
         age = age_days(doc.get("fingerprint"))
         if age is not None and age > STALE_DAYS:
             _warn(f"{p}: calibration fingerprint is {age:.0f} days old (> {STALE_DAYS}); "
                   "re-run `simulate calibrate`")
+    fitted_on = cal.scales_tables or {}
+    moved = [f for f in cal.yielded if cal.scales and fitted_on.get(f) != cal.sources[f]]
+    if moved:  # (a fit made before stand-ins yielded to vLLM's kernels)
+        _warn(f"{cal.scales_path}: its scales were fitted on other kernel tables than these: "
+              + "; ".join(f"{f} now from {cal.sources[f]} (vLLM's kernels), not "
+                          f"{cal.yielded[f]} (stand-ins)" for f in moved)
+              + ": re-run `simulate fit`")
     return cal
 
 

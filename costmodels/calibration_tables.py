@@ -23,11 +23,12 @@ scales the nearest table by the ratio of the two formats' rooflines (``calibrati
 Provenance reads ``calibration:<source>`` inside the measured grid and
 ``roofline:nearest/<source>`` outside it.
 
-Files are layered per family, earlier first, with one exception: a family measured only on
-servesim's stand-ins for vLLM's kernels (its Triton kernels, SDPA, the torch MoE reference:
-``simulate calibrate`` without vLLM installed) yields to a later file's family measured on
-vLLM's own kernels (an imported aiconfigurator table, or ``simulate calibrate`` with vLLM).
-On Hopper, SDPA runs cuDNN or FA2 where vLLM runs FA3, about twice as fast on prefill.
+Files are layered per family, earlier first, with one exception: an attention or MoE family
+measured only on servesim's stand-ins for vLLM's kernels (its Triton kernels, SDPA, the torch
+MoE reference: ``simulate calibrate`` without vLLM installed) yields to a later file's family
+measured on vLLM's own kernels (an imported aiconfigurator table, or ``simulate calibrate``
+with vLLM). On Hopper, SDPA runs FA2 for a chunk after cached tokens, about half the speed
+of the FA3 vLLM runs there.
 """
 
 from __future__ import annotations
@@ -82,13 +83,16 @@ _CAT_DEFAULTS = {"dtype": "bfloat16", "kv_dtype": None, "mode": "graph",
 _KEY_DEFAULTS = {"context": 0, "ep": 1, "batch": 1}
 
 
-# kernel names ``simulate calibrate`` gives its stand-ins for vLLM's kernels
+# kernel names ``simulate calibrate`` gives its stand-ins for vLLM's kernels, and the families
+# where a stand-in is another kernel than vLLM's (GEMMs: cuBLAS is what vLLM runs for bf16)
 STAND_IN_KERNELS = ("triton", "sdpa(", "torch reference")
+YIELDING_FAMILIES = ("decode_attention", "prefill_attention", "moe")
 
 
-def _stand_ins(kernels: list[str] | set[str]) -> bool:
+def _stand_ins(family: str, kernels: list[str] | set[str]) -> bool:
     """Whether a family's rows were all measured on stand-ins for vLLM's kernels."""
-    return bool(kernels) and all(str(k).startswith(STAND_IN_KERNELS) for k in kernels)
+    return family in YIELDING_FAMILIES and bool(kernels) and all(
+        str(k).startswith(STAND_IN_KERNELS) for k in kernels)
 
 
 class Calibration:
@@ -118,6 +122,9 @@ class Calibration:
         self.frontend: dict = {}  # API-server costs (simulator/frontend.py), like ``host``
         self.frontend_source = ""
         self.scales: dict = {}  # op family -> time factor (simulate fit --scales)
+        self.scales_tables: dict | None = None  # family -> source the scales were fitted on
+        self.scales_path = ""
+        self.yielded: dict[str, str] = {}  # family -> source of stand-in rows it replaced
         for p, d in zip(paths, docs):
             self._add(p, d)
 
@@ -128,13 +135,16 @@ class Calibration:
         meta = doc.get("tables") or {}
         for fam in FAMILIES.values():
             rows = doc.get(fam.name) or []
-            if not rows or (fam.name in self.tables and not _stand_ins(self.kernels[fam.name])):
+            taken = fam.name in self.tables
+            if not rows or (taken and not _stand_ins(fam.name, self.kernels[fam.name])):
                 continue
             if not isinstance(rows, list):
                 raise ConfigError(f"{where}: {fam.name}: expected a list of rows")
             tables, kernels = self._family(fam, rows, where)
-            if fam.name in self.tables and (not kernels or _stand_ins(kernels)):
-                continue  # (stand-ins do not replace stand-ins)
+            if taken:
+                if not kernels or _stand_ins(fam.name, kernels):
+                    continue  # (only vLLM's kernels replace stand-ins)
+                self.yielded[fam.name] = self.sources[fam.name]
             self.tables[fam.name] = tables
             src = (meta.get(fam.name) or {}).get("source") if isinstance(meta, dict) else None
             if not src:
@@ -159,6 +169,9 @@ class Calibration:
                     isinstance(v, (int, float)) and v > 0 for v in sc.values()):
                 raise ConfigError(f"{where}: scales: expected op family: positive factor")
             self.scales = {str(k): float(v) for k, v in sc.items()}
+            fit = doc.get("fit")
+            self.scales_tables = fit.get("tables") if isinstance(fit, dict) else None
+            self.scales_path = where
         if not self.frontend and doc.get("frontend"):
             if not isinstance(doc["frontend"], dict):
                 raise ConfigError(f"{where}: frontend: expected a mapping of parameters")

@@ -85,12 +85,13 @@ def yielded_families(path: Path, gpu: str) -> list[str]:
     mine = read_doc(path, cached=False)
     cal = Calibration([path, shipped], [mine, read_doc(shipped)])
     out = []
-    for fam in ("decode_attention", "prefill_attention", "moe"):
-        if mine.get(fam) and cal.sources.get(fam) != f"measured/{path.name}":
-            ours = ", ".join(sorted({str(r.get("kernel")) for r in mine[fam]}))
-            out.append(f"note: {fam} was timed on stand-ins for vLLM's kernels ({ours}; vLLM "
-                       f"is not installed here): under hardware.calibration: auto the shipped "
-                       f"{shipped.name} ({', '.join(cal.kernels[fam])}) keeps it")
+    for fam in cal.yielded:
+        ours = ", ".join(sorted({str(r["kernel"]) for r in mine[fam] if r.get("kernel")}))
+        why = ("vLLM's kernel failed its check, see vllm_error" if any(
+            r.get("vllm_error") for r in mine[fam]) else "no vLLM kernel here")
+        out.append(f"note: {fam} was timed on stand-ins for vLLM's kernels ({ours}; {why}): "
+                   f"under hardware.calibration: auto the shipped {shipped.name} "
+                   f"({', '.join(cal.kernels[fam])}) keeps it")
     return out
 
 

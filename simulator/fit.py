@@ -36,7 +36,8 @@ Held-out discipline: ``--holdout FRACTION`` (or ``--holdout-file``) keeps runs o
 fit and reports the error on them before and after.
 
 Output (``-o FILE``): a calibration file with ``frontend:``, ``host:`` (``scales:``), the fit's
-provenance under ``fit:`` (files, date, residual error before and after, held-out error) and
+provenance under ``fit:`` (files, date, residual error before and after, held-out error, the
+kernel tables' source per family: ``scales`` are factors on those tables) and
 ``layer_over: auto`` (kernel tables come from what ``hardware.calibration: auto`` selects),
 merged into FILE when it exists (its tables kept). Use it with ``hardware.calibration: FILE``
 or put it in the user calibration directory as ``<gpu>.yaml``.
@@ -445,6 +446,8 @@ class FitResult:
     rel_sd: dict[str, float]
     evaluations: int
     message: str
+    # calibration family -> the file (source) its kernel tables came from while fitting
+    table_sources: dict[str, str] = field(default_factory=dict)
 
     def tables(self) -> list[tuple[str, bool, dict, dict]]:
         """(run name, held out, table before, table after) per run."""
@@ -587,7 +590,8 @@ def fit(config: str | Path, measured: list[str | Path], *, overrides: list[str] 
                          holdout_runs=held, before=before, after=after,
                          cost_before=float(np.sum(r0[:-n_prior] ** 2)),
                          cost_after=ssr, identified=identified, rel_sd=rel_sd,
-                         evaluations=evals[0], message=sol_message)
+                         evaluations=evals[0], message=sol_message,
+                         table_sources=dict(getattr(rep.cost.calibration, "sources", {})))
     finally:
         tmp.cleanup()
 
@@ -665,6 +669,7 @@ def calibration_doc(res: FitResult, config: str | Path, gpu: str,
                            "fitted": float(f"{res.fitted[n]:.6g}"),
                            "determined_by_data": res.identified.get(n, False)}
                        for n in res.names},
+        "tables": dict(res.table_sources),  # (scales are factors on these tables)
         "residual": {"before": float(f"{res.cost_before:.6g}"),
                      "after": float(f"{res.cost_after:.6g}")},
         "mean_ttft_error_pct": {

@@ -296,11 +296,12 @@ def test_attention_measured_on_stand_ins_yields_to_vllms_kernels(tmp_path, monke
            for k in ("sdpa(contiguous kv, enable_gqa)",)] + [
            {"batch": 2, "context": 1024, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
             "dtype": "bfloat16", "seconds": 1e-3, "kernel": "triton"}]
-    pre = [{"batch": 1, "chunk": 1024, "context": 0, "num_heads": 32, "num_kv_heads": 8,
-            "head_dim": 128, "dtype": "bfloat16", "seconds": 7e-4,
-            "kernel": "vllm flash_attn_varlen_func (FA3, paged)"}]
+    pre = [{"batch": 1, "chunk": c, "context": 0, "num_heads": 32, "num_kv_heads": 8,
+            "head_dim": 128, "dtype": "bfloat16", "seconds": t, "kernel": k}
+           for c, t, k in ((1024, 7e-4, "vllm flash_attn_varlen_func (FA3, paged)"),
+                           (2048, 2e-3, "triton"))]  # (one stand-in row: kept all the same)
     gemm = [{"dtype": "bfloat16", "n": 6144, "k": 4096, "m": 1, "seconds": 1e-5,
-             "kernel": "torch.matmul"}]
+             "kernel": "triton"}]  # (GEMMs never yield: cuBLAS or Triton, both measured)
     mine = doc(gemm=gemm, decode_attention=dec, prefill_attention=pre)
     mine["source"] = {"kind": "measured"}
     write(user, mine, "h100-sxm.yaml")
@@ -313,10 +314,52 @@ def test_attention_measured_on_stand_ins_yields_to_vllms_kernels(tmp_path, monke
     t, prov = c.decode(32, 8, 128, "bfloat16", 1, 1024)
     assert prov.startswith("calibration:aiconfigurator-0.12.0/vllm-") and t < 1e-4
     assert c.kernels["decode_attention"] == ["vllm_flash_attn_fa3"]
+    assert c.yielded == {"decode_attention": "measured/h100-sxm.yaml"}
     alone = load_calibration(HardwareConfig(name="h100-sxm",
                                             calibration=str(user / "h100-sxm.yaml")), spec)
     assert alone.decode(32, 8, 128, "bfloat16", 1, 1024) == (
         9e-4, "calibration:measured/h100-sxm.yaml")
+    # only vLLM's kernels replace stand-ins: not another stand-in file, not unnamed rows
+    other = [dict(r, seconds=5e-4, kernel="triton") for r in dec]
+    unnamed = [{k: v for k, v in r.items() if k != "kernel"} for r in dec]
+    vllm = [dict(r, seconds=3e-5, kernel="vllm flash_attn_varlen_func (FA3, paged)")
+            for r in dec]
+    c3 = Calibration([Path("a.yaml"), Path("b.yaml"), Path("c.yaml"), Path("d.yaml")],
+                     [doc(decode_attention=d) for d in (dec, other, unnamed, vllm)], None)
+    assert c3.decode(32, 8, 128, "bfloat16", 1, 1024) == (3e-5, "calibration:d.yaml")
+
+
+def test_scales_fitted_on_stand_ins_warn_once_those_yield(tmp_path, monkeypatch):
+    """A ``simulate fit --scales`` file (layer_over: auto) made when attention came from the
+    user's stand-in rows: its factors now multiply the shipped FA3 table, so loading warns;
+    a fit that recorded the tables it was fitted on (``fit.tables``, as ``simulate fit`` now
+    writes) and still matches them does not."""
+    user = tmp_path / "user"
+    user.mkdir()
+    dec = [{"batch": 1, "context": 1024, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+            "dtype": "bfloat16", "seconds": 9e-4, "kernel": "sdpa(contiguous kv)"}]
+    mine = doc(decode_attention=dec)
+    mine["source"] = {"kind": "measured"}
+    write(user, mine, "h100-sxm.yaml")
+    monkeypatch.setenv("SERVESIM_CALIBRATION_DIR", str(user))
+    spec = load_hardware_spec(HardwareConfig(name="h100-sxm"))
+    fit = {"version": 2, "gpu": "h100-sxm", "layer_over": "auto", "scales": {"attention": 2.0},
+           "host": {}, "fit": {"date": "2026-11-01T00:00:00Z"}}
+    old = write(tmp_path, fit, "old_fit.yaml")
+    hw = HardwareConfig(name="h100-sxm", calibration=str(old))
+    with pytest.warns(CalibrationWarning) as w:
+        c = load_calibration(hw, spec)
+    msg = [str(x.message) for x in w if "scales" in str(x.message)]
+    assert msg == [(f"{old}: its scales were fitted on other kernel tables than these: "
+                    f"decode_attention now from {c.sources['decode_attention']} (vLLM's "
+                    "kernels), not measured/h100-sxm.yaml (stand-ins): re-run `simulate fit`")]
+    assert c.sources["decode_attention"].startswith("aiconfigurator-0.12.0/vllm-")
+    fit["fit"]["tables"] = dict(c.sources)
+    new = write(tmp_path, fit, "new_fit.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)
+        c = load_calibration(HardwareConfig(name="h100-sxm", calibration=str(new)), spec)
+    assert c.scales == {"attention": 2.0}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])

@@ -386,7 +386,8 @@ def test_cli_time_limit_and_the_partial_file_warning(tmp_path, monkeypatch, caps
         build_cost_model(cfg)
     msgs = [str(x.message) for x in w if issubclass(x.category, CalibrationWarning)]
     assert msgs == [(f"{out}: a partial calibration (time limit reached after 2 of 6 shapes); "
-                     "each op family it has replaces the shipped one: re-run `simulate "
+                     "each op family it has replaces the shipped one (but attention or MoE "
+                     "measured only on stand-ins for vLLM's kernels): re-run `simulate "
                      "calibrate` to complete it")]
 
 
@@ -402,14 +403,17 @@ def test_calibrate_says_which_families_auto_takes_from_the_shipped_file(tmp_path
     assert [x.split()[1] for x in lines] == ["decode_attention", "prefill_attention", "moe"]
     assert lines[1] == (
         "note: prefill_attention was timed on stand-ins for vLLM's kernels (sdpa(contiguous "
-        "kv, causal lower-right), sdpa(contiguous kv, causal lower-right, enable_gqa); vLLM is "
-        "not installed here): under hardware.calibration: auto the shipped h100-sxm.json "
+        "kv, causal lower-right), sdpa(contiguous kv, causal lower-right, enable_gqa); no "
+        "vLLM kernel here): under hardware.calibration: auto the shipped h100-sxm.json "
         "(vllm_flash_attn_fa3) keeps it")
     doc = json.loads((src / "h100-sxm.json").read_text())
     for fam in ("decode_attention", "prefill_attention"):
         for r in doc[fam]:
             r["kernel"] = "vllm flash_attn_varlen_func (FA3, paged)"
+    doc["moe"][0]["vllm_error"] = "moe: ImportError: fused_experts"
     (tmp_path / "h100-sxm.json").write_text(json.dumps(doc))
-    assert [x.split()[1] for x in C.yielded_families(tmp_path / "h100-sxm.json", "h100-sxm")
-            ] == ["moe"]
+    lines = C.yielded_families(tmp_path / "h100-sxm.json", "h100-sxm")
+    assert len(lines) == 1 and lines[0].startswith(
+        "note: moe was timed on stand-ins for vLLM's kernels (torch reference (per-expert "
+        "GEMMs); vLLM's kernel failed its check, see vllm_error)")
     assert C.yielded_families(src / "h100-sxm.json", "a10g") == []

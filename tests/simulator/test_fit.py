@@ -105,6 +105,10 @@ def test_cli_writes_a_calibration_file_that_runs_use(planted, tmp_path):
     fitd = doc["fit"]
     assert len(fitd["files"]) == 2 and len(fitd["holdout_files"]) == 1
     assert fitd["residual"]["after"] <= fitd["residual"]["before"]
+    # the kernel tables it was fitted on (scales are factors on them): the shipped A100 file
+    shipped = "aiconfigurator-0.12.0/vllm-0.14.0"  # (the A100 tables' vLLM version)
+    assert fitd["tables"] == {f: shipped for f in ("gemm", "decode_attention",
+                                                   "prefill_attention", "allreduce", "moe")}
     # a run with it: the fitted frontend values, the shipped kernel tables underneath
     cfg = resolve_config(load_config(base, [f"hardware.calibration={out}",
                                             "workload.num_prompts=3"]))
