@@ -214,6 +214,14 @@ def vllm_flash_attn() -> tuple | None:
 VLLM_MAX_REL_ERR = 0.1
 
 
+def _rel_err(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest ``|out − reference|`` over the RMS of its row of the last dimension (attention:
+    one token and head; MoE: one token)."""
+    ref = reference.float()
+    rms = ref.square().mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
+    return float(((out.float() - ref).abs() / rms).max())
+
+
 def _time_vllm(q, k, v, table, lens, cu_q, max_q: int, max_k: int, reference, s: BenchSettings,
                what: str) -> dict:
     """``{vendor_s, vendor_impl, vllm_rel_err}`` of vLLM's ``flash_attn_varlen_func`` as
@@ -230,9 +238,7 @@ def _time_vllm(q, k, v, table, lens, cu_q, max_q: int, max_k: int, reference, s:
                       max_seqlen_k=max_k, seqused_k=lens, causal=True, block_table=table,
                       fa_version=version)
     try:
-        ref = reference.float()  # [tokens, heads, head_dim]: per (token, head) RMS
-        rms = ref.square().mean(-1, keepdim=True).sqrt().clamp_min(1e-6)
-        err = float(((call().float() - ref).abs() / rms).max())
+        err = _rel_err(call(), reference)
     except Exception as e:  # noqa: BLE001 -- an API change: the SDPA stand-in instead
         return {"vllm_error": f"{what}: {e.__class__.__name__}: {str(e).splitlines()[0][:120]}"}
     if not err <= VLLM_MAX_REL_ERR:
@@ -339,8 +345,9 @@ def _torch_moe(x, w13, w2, topk_ids, topk_w):
 
 def time_moe(m, s: BenchSettings) -> dict:
     """``{seconds, kernel}`` of one fused-MoE layer: vLLM's ``fused_experts`` when vLLM is
-    installed (what vLLM runs), else the torch reference above. Balanced routing: token t
-    picks experts ``(t·topk + j) mod E``, so every expert gets the same load."""
+    installed (what vLLM runs) and its output matches the torch reference above (else
+    ``vllm_error``), otherwise that reference. Balanced routing: token t picks experts
+    ``(t·topk + j) mod E``, so every expert gets the same load."""
     dt = _DT[m.dtype]
     i_r = m.inter // m.tp
     x = torch.randn(m.tokens, m.hidden, device=DEVICE, dtype=dt)
@@ -349,17 +356,26 @@ def time_moe(m, s: BenchSettings) -> dict:
     ids = (torch.arange(m.tokens * m.topk, device=DEVICE) % m.experts).view(m.tokens, m.topk)
     ids = ids.to(torch.int32)
     wts = torch.full((m.tokens, m.topk), 1.0 / m.topk, device=DEVICE, dtype=torch.float32)
+    ids64 = ids.long()
+    fn = lambda: _torch_moe(x, w13, w2, ids64, wts)
+    out: dict = {"kernel": "torch reference (per-expert GEMMs)"}
     try:
         from vllm.model_executor.layers.fused_moe import fused_experts
-
-        fn = lambda: fused_experts(x, w13, w2, wts, ids)
-        fn()
-        kernel = "vllm fused_experts"
-    except Exception:  # noqa: BLE001 -- no vLLM (or an API change): the reference
-        ids64 = ids.long()
-        fn = lambda: _torch_moe(x, w13, w2, ids64, wts)
-        kernel = "torch reference (per-expert GEMMs)"
-    return {"seconds": bench(fn, s), "kernel": kernel}
+    except Exception:  # noqa: BLE001 -- no vLLM (or one that cannot load here)
+        fused_experts = None
+    if fused_experts is not None:
+        vllm = lambda: fused_experts(x, w13, w2, wts, ids)
+        try:
+            err = _rel_err(vllm(), fn())
+        except Exception as e:  # noqa: BLE001 -- an API change: the reference instead
+            out["vllm_error"] = f"moe: {e.__class__.__name__}: {str(e).splitlines()[0][:120]}"
+        else:
+            if err <= VLLM_MAX_REL_ERR:
+                fn, out = vllm, {"kernel": "vllm fused_experts", "vllm_rel_err": err}
+            else:
+                out["vllm_error"] = (f"moe: output differs from the torch reference's by "
+                                     f"{err:.3g} of its row RMS")
+    return {"seconds": bench(fn, s), **out}
 
 
 # --------------------------------------------------------------------------- all-reduce

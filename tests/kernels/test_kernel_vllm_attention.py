@@ -1,4 +1,4 @@
-"""`simulate calibrate`'s attention vendor path when vLLM is installed: vLLM's own
+"""`simulate calibrate`'s vendor paths when vLLM is installed: vLLM's own
 ``flash_attn_varlen_func`` called as its FlashAttention backend calls it, checked against the
 Triton kernel's output before it is timed, and taken as the row's time (what vLLM runs).
 
@@ -170,3 +170,46 @@ def test_the_probe_takes_vllms_pick_and_leaves_blackwell_to_flashinfer(monkeypat
         assert probe() is None
     finally:
         B.vllm_flash_attn.cache_clear()
+
+
+def test_moe_times_vllms_fused_experts_once_it_matches_the_reference(monkeypatch):
+    """With vLLM importable, ``time_moe`` checks ``fused_experts(x, w13, w2, weights, ids)``
+    (vLLM 0.22.1's positional order) against the torch reference before timing it; one that
+    swaps the gate and up halves of ``w13`` is recorded as ``vllm_error`` and the reference
+    is timed; without vLLM, the reference with no error."""
+    import sys
+    import types
+
+    monkeypatch.setattr(B, "DEVICE", "cpu")
+    torch.manual_seed(0)
+    calls = []
+
+    def fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
+                      activation=None, apply_router_weight_on_input=False,
+                      global_num_experts=-1, expert_map=None, quant_config=None):
+        calls.append(topk_ids.dtype)
+        return B._torch_moe(hidden_states, w1, w2, topk_ids.long(), topk_weights)
+
+    def swapped(hidden_states, w1, w2, topk_weights, topk_ids):
+        i = w1.shape[1] // 2
+        return B._torch_moe(hidden_states, torch.cat([w1[:, i:], w1[:, :i]], 1), w2,
+                            topk_ids.long(), topk_weights)
+    mod = types.ModuleType("vllm.model_executor.layers.fused_moe")
+    for n in ("vllm", "vllm.model_executor", "vllm.model_executor.layers"):
+        monkeypatch.setitem(sys.modules, n, types.ModuleType(n))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    shape = C.MoeShape(3, 16, 32, 2, 4, 2)
+    mod.fused_experts = fused_experts
+    r = B.time_moe(shape, SETTINGS)
+    assert r["kernel"] == "vllm fused_experts" and r["vllm_rel_err"] == 0.0
+    assert calls and calls[0] == torch.int32
+    mod.fused_experts = swapped
+    r = B.time_moe(shape, SETTINGS)
+    assert r["kernel"] == "torch reference (per-expert GEMMs)" and r["seconds"] > 0
+    assert r["vllm_error"].startswith("moe: output differs from the torch reference's by ")
+    # (0.28 here, where weights of 0.02 keep silu near linear; far more at real sizes)
+    assert float(r["vllm_error"].split(" by ")[1].split()[0]) > 2 * B.VLLM_MAX_REL_ERR
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.delitem(sys.modules, mod.__name__)
+    r = B.time_moe(shape, SETTINGS)
+    assert r["kernel"].startswith("torch reference") and "vllm_error" not in r
