@@ -17,6 +17,21 @@ Sections (each independent; a failure is recorded and the next one runs):
   per step: uniform decode batches replayed from a CUDA graph, and single-sequence prefills
   run eagerly. Plain PyTorch, not vLLM: it checks the cost model's composition of GEMM and
   attention time, not vLLM's fused kernels or its host work.
+- ``compiled_step``: the same decoder with its non-attention parts compiled by
+  ``torch.compile`` (inductor: RMSNorm fused with the residual add, RoPE, SiLU-and-mul;
+  cuBLAS GEMMs) in two pieces per layer around an eager attention call, as vLLM V1 compiles
+  its models (piecewise, attention a custom op between the pieces; GQA attention through SDPA
+  with ``enable_gqa``). Decode replayed from one CUDA graph, prefill run eagerly (vLLM runs
+  chunks over its largest captured size without a graph). A closer stand-in for vLLM's step
+  than ``step``: no vLLM host work, SDPA rather than FA3.
+- ``sustained``: a compute-bound GEMM (Llama-3.1-8B gate/up at 8,192 rows) and a memory-bound
+  one (the same weight at 1 row) timed in short bursts after idling, then back to back for
+  several seconds in 100 ms windows, with the SM clock and power ``nvidia-smi`` reports every
+  100 ms; then bursts again after idling 20 ms to 2 s. Microbenchmarks (servesim's and
+  aiconfigurator's tables) time bursts; a busy server runs sustained.
+- ``duty``: the same two GEMMs interleaved, the compute-bound one taking 20-100% of the GPU's
+  time in 20 ms cycles for 3 s after idling: each one's per-call time in the last 1.5 s
+  against its burst time (how partial compute load throttles).
 - ``varlen_attention``: FlashAttention-2 through ``torch.nn.attention.varlen.varlen_attn`` (the
   varlen kernel family of vLLM's FlashAttention backend; vLLM runs FA3 on Hopper, which torch
   runs only with ``flash_attn_interface`` installed) for one prefill chunk after 0-16k cached
@@ -31,6 +46,7 @@ Times are CUDA-event medians in seconds; weights are random (timing does not dep
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -282,6 +298,214 @@ def step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256
     return out
 
 
+class CompiledDecoder:
+    """:class:`Decoder`'s weights run as vLLM V1 runs a Llama layer: ``pre`` (residual add +
+    RMSNorm, QKV GEMM, RoPE) and ``post`` (O GEMM, residual add + RMSNorm, gate/up GEMM,
+    SiLU-and-mul, down GEMM) compiled by inductor, attention eager between them."""
+
+    def __init__(self, dec: Decoder, dev: str = "cuda"):
+        m = dec.m
+        self.dec, self.m, self.dev = dec, m, dev
+        H, KVH, d, hid = m["heads"], m["kv_heads"], m["head_dim"], m["hidden"]
+
+        def rope(x, cos, sin):
+            x1, x2 = x.chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+        def pre(x, res, wqkv, n1, cos, sin):
+            res = res + x
+            h = F.rms_norm(res, (hid,), n1, 1e-5)
+            q, k, v = (h @ wqkv.t()).split([H * d, KVH * d, KVH * d], dim=-1)
+            T = x.shape[0]
+            return (rope(q.view(T, H, d), cos, sin), rope(k.view(T, KVH, d), cos, sin),
+                    v.view(T, KVH, d), res)
+
+        def post(o, res, wo, wgu, wd, n2):
+            res = res + o.flatten(1) @ wo.t()
+            g, u = (F.rms_norm(res, (hid,), n2, 1e-5) @ wgu.t()).chunk(2, dim=-1)
+            return (F.silu(g) * u) @ wd.t(), res
+
+        self.pre = torch.compile(pre, dynamic=True)
+        self.post = torch.compile(post, dynamic=True)
+
+    def forward(self, x, batch: int, q_len: int, context: int):
+        """``x [batch*q_len, hidden]``; a decode batch (q_len 1) attends to ``context + 1``
+        cached keys per sequence, a prefill (batch 1) causally to its own ``q_len``."""
+        m, dev = self.m, self.dev
+        H, KVH, d = m["heads"], m["kv_heads"], m["head_dim"]
+        L = context + q_len
+        kv = self.dec.kv[:2 * batch * KVH * L * d].view(2, batch, KVH, L, d)
+        pos = torch.arange(context, L, device=dev, dtype=torch.float32)
+        inv = 1e4 ** (-torch.arange(0, d // 2, device=dev, dtype=torch.float32) / (d // 2))
+        ang = (pos[:, None] * inv[None]).repeat(batch, 1)
+        cos, sin = ang.cos().bfloat16()[:, None], ang.sin().bfloat16()[:, None]
+        res = torch.zeros_like(x)
+        for wqkv, wo, wgu, wd, n1, n2 in self.dec.layers:
+            q, k, v, res = self.pre(x, res, wqkv, n1, cos, sin)
+            kv[0, :, :, context:] = k.view(batch, q_len, KVH, d).transpose(1, 2)
+            kv[1, :, :, context:] = v.view(batch, q_len, KVH, d).transpose(1, 2)
+            if q_len == 1:  # the group's query heads as the query rows
+                o = F.scaled_dot_product_attention(q.view(batch, KVH, H // KVH, d), kv[0], kv[1])
+            else:
+                o = F.scaled_dot_product_attention(
+                    q.view(1, q_len, H, d).transpose(1, 2), kv[0], kv[1], is_causal=True,
+                    enable_gqa=True).transpose(1, 2)
+            x, res = self.post(o.reshape(batch * q_len, H, d), res, wo, wgu, wd, n2)
+        x = F.rms_norm((res + x)[-batch:], (m["hidden"],), self.dec.final_norm, 1e-5)
+        return (x @ self.dec.lm_head.t()).argmax(-1)
+
+
+def compiled_step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024),
+                          (256, 1024), (64, 4096), (32, 8192)),
+                  prefill=(128, 512, 1024, 2048, 4096, 8192), m: dict = LLAMA8B,
+                  dev: str = "cuda") -> list[dict]:
+    """Per-step seconds of :class:`CompiledDecoder`: decode replayed from a CUDA graph
+    (``graph_s``), prefill eager (``compiled_s``); the first call of each shape compiles."""
+    dec = Decoder(m, max_kv_tokens=max(max(b * (c + 1) for b, c in decode), max(prefill)))
+    cd = CompiledDecoder(dec, dev)
+    out = []
+    for tokens in prefill:
+        x = torch.randn(tokens, m["hidden"], device=dev, dtype=torch.bfloat16)
+        t = cuda_median(lambda x=x, tokens=tokens: cd.forward(x, 1, tokens, 0), reps=5)
+        out.append({"kind": "prefill", "tokens": tokens, "compiled_s": t})
+    for batch, context in decode:
+        x = torch.randn(batch, m["hidden"], device=dev, dtype=torch.bfloat16)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                cd.forward(x, batch, 1, context)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            cd.forward(x, batch, 1, context)
+        out.append({"kind": "decode", "batch": batch, "context": context,
+                    "graph_s": cuda_median(g.replay, reps=20)})
+        del g
+    return out
+
+
+def sustained(seconds: float = 6.0, window_s: float = 0.1) -> dict:
+    """Per-GEMM seconds in bursts and under sustained load (see the module docstring):
+    ``onset_s``: each GEMM's time for the first ~0.4 s after idling 1 s; ``sustained_windows_s``:
+    per-GEMM time in ``window_s`` windows over ``seconds`` back to back; ``recovery_s``: a
+    burst's per-GEMM time after loading 1 s then idling 5 ms to 2 s."""
+    import subprocess
+
+    h, i = LLAMA8B["hidden"], LLAMA8B["inter"]
+    w = torch.randn(2 * i, h, device="cuda", dtype=torch.bfloat16) * h ** -0.5
+    shapes = {"compute (8192 x 28672 x 4096)": torch.randn(8192, h, device="cuda",
+                                                          dtype=torch.bfloat16),
+              "memory (1 x 28672 x 4096)": torch.randn(1, h, device="cuda",
+                                                       dtype=torch.bfloat16)}
+    out: dict = {"window_s": window_s}
+    query = "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu"
+    smi = subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms",
+                            "100"], stdout=subprocess.PIPE, text=True)
+    t0 = time.time()
+
+    def each(x, n):
+        """Per-call seconds of ``n`` back-to-back GEMMs (events between calls)."""
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        ev[0].record()
+        for e in ev[1:]:
+            x @ w.t()
+            e.record()
+        ev[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(ev)]
+
+    for name, x in shapes.items():
+        each(x, 3)
+        one = statistics.median(each(x, 5))
+        per = max(1, round(window_s / one))  # GEMMs per window
+        time.sleep(1.0)
+        row: dict = {"onset_s": each(x, max(5, round(0.4 / one))), "t_start": time.time() - t0}
+        wins = []
+        end = time.time() + seconds
+        while time.time() < end:
+            wins.append(statistics.mean(each(x, per)))
+        row["sustained_windows_s"] = wins
+        row["t_end"] = time.time() - t0
+        rec = {}
+        for idle in (0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2, 0.5, 2.0):
+            each(x, 10 * per)  # 1 s under load
+            time.sleep(idle)
+            rec[f"{idle:g}"] = each(x, 5)
+        row["recovery_s"] = rec
+        out[name] = row
+    time.sleep(0.3)
+    smi.terminate()
+    out["nvidia_smi"] = smi.communicate()[0].splitlines()
+    out["t0_unix"] = t0
+    return out
+
+def duty(duties=(0.2, 0.4, 0.6, 0.8, 1.0), seconds: float = 3.0, cycle_s: float = 0.02) -> dict:
+    """Per-call seconds of the compute-bound and memory-bound GEMMs of :func:`sustained`
+    interleaved at each compute ``duty`` (fraction of GPU time), in bursts and in the last
+    half of ``seconds`` of back-to-back cycles."""
+    import subprocess
+
+    h, i = LLAMA8B["hidden"], LLAMA8B["inter"]
+    w = torch.randn(2 * i, h, device="cuda", dtype=torch.bfloat16) * h ** -0.5
+    xc = torch.randn(8192, h, device="cuda", dtype=torch.bfloat16)
+    xm = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+
+    def timed(x, n):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n)]
+        for a, b in zip(ev[::2], ev[1::2]):
+            a.record()
+            x @ w.t()
+            b.record()
+        return ev
+
+    def per_call(ev):
+        ev[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(ev[::2], ev[1::2])]
+
+    for x in (xc, xm):
+        per_call(timed(x, 3))
+    time.sleep(1.0)
+    burst_c = statistics.median(per_call(timed(xc, 5)))
+    time.sleep(0.5)
+    burst_m = statistics.median(per_call(timed(xm, 50)))
+    query = "--query-gpu=timestamp,clocks.sm,power.draw"
+    smi = subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms",
+                            "100"], stdout=subprocess.PIPE, text=True)
+    out: dict = {"burst_compute_s": burst_c, "burst_memory_s": burst_m, "cycle_s": cycle_s,
+                 "rows": []}
+    for d in duties:
+        time.sleep(1.0)
+        nc = max(1, round(d * cycle_s / burst_c))
+        nm = round((1 - d) * cycle_s / burst_m)
+        tc, tm = [], []
+        end = time.time() + seconds
+        half = time.time() + seconds / 2
+        prev = None
+        while True:  # 10 cycles queued before the previous 10 are read: no host gaps
+            now = time.time()
+            cycles = [(timed(xc, nc), timed(xm, nm) if nm else []) for _ in range(10)] \
+                if now < end else None
+            if prev is not None:
+                for ec, em in prev[1]:
+                    got_c = per_call(ec)
+                    got_m = per_call(em) if em else []
+                    if prev[0] >= half:
+                        tc += got_c
+                        tm += got_m
+            if cycles is None:
+                break
+            prev = (now, cycles)
+        row = {"duty": d, "compute_calls": nc, "memory_calls": nm,
+               "compute_s": statistics.median(tc),
+               "memory_s": statistics.median(tm) if tm else None}
+        row["actual_duty"] = nc * row["compute_s"] / (
+            nc * row["compute_s"] + nm * (row["memory_s"] or 0))
+        out["rows"].append(row)
+    smi.terminate()
+    out["nvidia_smi"] = smi.communicate()[0].splitlines()
+    return out
+
+
 # -- varlen (FlashAttention-2) attention with a cached prefix -----------------------------------
 
 def _causal_pairs(c: int, p: int) -> float:
@@ -384,6 +608,7 @@ def varlen_attention(layouts=((32, 8, 128), (16, 2, 128)),
 
 
 SECTIONS = {"correctness": correctness, "graph_gemm": graph_gemm, "step": step,
+            "compiled_step": compiled_step, "sustained": sustained, "duty": duty,
             "varlen_attention": varlen_attention}
 
 
