@@ -41,6 +41,15 @@ class AttentionCosts:
         """Prefill chunk of ``c`` new tokens after ``p`` cached ones (all layers, seconds):
         causal (query, key) pairs = c·p + c(c+1)/2 (window-capped), 4·heads·head_dim FLOPs each;
         bytes = cached + new KV read + q/o + KV write."""
+        if not self._cal_pre:
+            x, y = self._prefill_roof(c, p)
+            return max(y, x)
+        return self._prefill_cal(c, p)[0]
+
+    def _prefill_roof(self, c: int, p: int) -> tuple[float, float]:
+        """(FLOP seconds, byte seconds) of a prefill chunk of ``c`` new tokens after ``p``
+        cached ones, all layers: causal (query, key) pairs = c·p + c(c+1)/2 (window-capped)
+        at ``_pF`` s each; cached + new KV at ``_pBkv`` s per token, q/o rows at ``_pBr``."""
         w = self.window
         if w:
             pairs = _window_pairs(p + c, w) - _window_pairs(p, w)
@@ -48,11 +57,12 @@ class AttentionCosts:
         else:
             pairs = c * p + c * (c + 1) / 2
             kv = p + c
-        if not self._cal_pre:
-            x = pairs * self._pF
-            y = kv * self._pBkv + c * self._pBr
-            return max(y, x)
-        return self._prefill_cal(c, p)[0]
+        return pairs * self._pF, kv * self._pBkv + c * self._pBr
+
+    def _prefill_compute_bound(self, c: int, p: int) -> bool:
+        """Whether a chunk's attention is compute-bound (its FLOP time above its byte time)."""
+        x, y = self._prefill_roof(c, p)
+        return x > y
 
     def _prefill_cal(self, c: int, p: int) -> tuple[float, str]:
         """Measured prefill attention of one chunk, all layers (cached context in 16-token

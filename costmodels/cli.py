@@ -124,9 +124,13 @@ def estimate(
     k = sc.num_speculative_tokens if sc is not None else 0
     batch = make_batch(batch_size, context, prefill_tokens, prefill_context, k)
     st = model.step_time(batch)
+    from servesim.costmodels.power import sustained_step_seconds
+
+    sustained = sustained_step_seconds(model, batch)
     if as_json:
         out = {
             "step_seconds": st.seconds,
+            "sustained_step_seconds": sustained,
             "gpu_seconds": st.gpu_seconds,
             "host_seconds": st.host_seconds,
             "cudagraph": st.cudagraph,
@@ -170,6 +174,12 @@ def estimate(
     con.print(f"step {st.seconds * 1e3:.3f} ms = GPU {st.gpu_seconds * 1e3:.3f} ms + exposed host "
               f"{(st.seconds - st.gpu_seconds) * 1e3:.3f} ms (async_scheduling="
               f"{model.async_scheduling}); {tok / st.seconds:,.0f} tokens/s")
+    if sustained is not None and sustained > st.seconds:
+        con.print(f"back to back: {sustained * 1e3:.3f} ms a step, "
+                  f"+{sustained / st.seconds - 1:.1%} ({tok / sustained:,.0f} tokens/s): the "
+                  f"{hw.name}'s power cap slows the step's "
+                  f"{model.compute_seconds(batch) * 1e3:.3f} ms of compute-bound work "
+                  "(costmodels/power.py)")
 
 
 def _calibration_title(cal) -> str:

@@ -331,10 +331,13 @@ class OperatorCosts:
     def _dense_seconds(self, T: int, graph: bool) -> float:
         """Σ of :meth:`dense_ops`, cached under ``T`` (replayed in a CUDA graph) or ``-T``
         (eager: mode NONE, e.g. a mixed batch under FULL_DECODE_ONLY)."""
-        t = 0.0
+        t = comp = 0.0
         for op in self.dense_ops(T, graph):
             t += op.seconds
+            if op.bound == "compute":
+                comp += op.seconds
         self._dense_cache[T if graph else -T] = t
+        self._dense_comp[T if graph else -T] = comp
         return t
 
     def head_ops(self, s: int) -> list[OpCost]:
@@ -380,6 +383,7 @@ class OperatorCosts:
         pass (vLLM ``UVAOffloader``, zero-copy): :meth:`_uva_op`."""
         self._uva = dict(layers)
         self._dense_cache.clear()
+        self._dense_comp.clear()
         self._decode_step_cache.clear()
 
     def set_scales(self, scales: dict[str, float]) -> None:
@@ -387,6 +391,7 @@ class OperatorCosts:
         self.scales = {k: float(v) for k, v in (scales or {}).items() if float(v) != 1.0}
         self._attn_scale = self.scales.get("attention", 1.0)
         self._dense_cache.clear()
+        self._dense_comp.clear()
         self._head_cache.clear()
 
     def _scaled(self, ops: list[OpCost]) -> list[OpCost]:

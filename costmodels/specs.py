@@ -6,6 +6,7 @@ GiB (2**30 B) and microseconds, as spec sheets do; the properties here convert.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -84,6 +85,10 @@ class HardwareSpec:
     # CUDA compute capability (9.0 Hopper, 10.0 Blackwell, ...; None: not a CUDA GPU): which
     # attention backend vLLM picks (``costmodels.engine_defaults.kv_block_size``)
     compute_capability: float | None = None
+    # power cap under sustained compute (costmodels/power.py): measured (compute share, time
+    # factor of compute-bound work) points, () = not measured; the share's averaging time (s)
+    power_cap_curve: tuple[tuple[float, float], ...] = ()
+    power_cap_tau_s: float = 0.06
     description: str = ""
     file: str | None = None
     source: dict = field(default_factory=dict, compare=False)
@@ -201,7 +206,31 @@ def load_hardware_spec(hw_cfg: HardwareConfig) -> HardwareSpec:
             raise ConfigError(f"{file or 'hardware'}: compute_capability must be a positive "
                               f"number such as 9.0, got {cc!r}")
         kw["compute_capability"] = float(cc)
+    curve = merged.get("power_cap_curve")
+    if curve is not None:
+        kw["power_cap_curve"] = _power_cap_curve(curve, file or "hardware")
+    for k in ("power_cap_tau_s",):
+        tau = merged.get(k)
+        if tau is not None:
+            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < 10:
+                raise ConfigError(f"{file or 'hardware'}: {k} must be seconds in (0, 10), "
+                                  f"got {tau!r}")
+            kw[k] = float(tau)
     return HardwareSpec(**kw)
+
+
+def _power_cap_curve(curve, where: str) -> tuple[tuple[float, float], ...]:
+    """``[[share, factor], ...]``: compute shares rising in (0, 1], factors >= 1."""
+    ok = isinstance(curve, list) and all(
+        isinstance(pt, list) and len(pt) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            for x in pt) for pt in curve)
+    pts = tuple((float(a), float(b)) for a, b in curve) if ok else ()
+    if not pts or any(not 0 < a <= 1 or b < 1 for a, b in pts) or any(
+            b[0] <= a[0] for a, b in itertools.pairwise(pts)):
+        raise ConfigError(f"{where}: power_cap_curve must be [[compute share, time factor], "
+                          f"...] with shares rising in (0, 1] and factors >= 1, got {curve!r}")
+    return pts
 
 
 # ---------------------------------------------------------------------------------------------

@@ -290,6 +290,7 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         self._launch_fused_eager = (n_eager - (2 * L + 1) * _K_NORM) * ho.launch_s
         self._head_launch = (_K_LM_HEAD + _K_SAMPLER) * ho.launch_s
         self._dense_cache: dict[int, float] = {}
+        self._dense_comp: dict[int, float] = {}  # (same keys) their compute-bound part
         self._uva: dict[str, int] = {}  # --cpu-offload-gb: linear -> layers read over UVA
         self.scales: dict[str, float] = {}  # op family -> time factor (set_scales)
         self._attn_scale = 1.0
@@ -394,6 +395,27 @@ class StepCostModel(AttentionCosts, OperatorCosts):
         if self.async_scheduling:
             return (max(host, gpu)) + ho.async_residual_s
         return gpu + host
+
+    def compute_seconds(self, batch: BatchShape) -> float:
+        """GPU seconds of the step's compute-bound work, the part a power cap slows
+        (``costmodels.power``): the dense ops whose roofline is compute-bound (GEMMs and MoE
+        experts at enough tokens) and the prefill chunks whose attention FLOPs outweigh its
+        bytes; decode attention, norms, activations and the LM head are memory-bound."""
+        mode, Tp = self.runtime_mode(batch)
+        key = Tp if mode else -Tp
+        c = self._dense_comp.get(key)
+        if c is None:
+            self._dense_seconds(Tp, mode != NONE)
+            c = self._dense_comp[key]
+        pre = batch.prefill_new_tokens
+        if pre:
+            pc = batch.prefill_context
+            if len(pc) != len(pre):
+                pc = tuple(pc) + (0,) * (len(pre) - len(pc))
+            for n, p in zip(pre, pc):
+                if self._prefill_compute_bound(n, p):
+                    c += self._prefill_attn(n, p) * self._attn_scale
+        return c
 
     # -- breakdown -------------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
     streamed requests.csv).
     """
     from servesim.costmodels import build_cost_model, plan_memory
+    from servesim.costmodels.power import sustained_clock
     from servesim.workloads import build_workload
 
     t0 = time.perf_counter()
@@ -124,6 +125,7 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                                              cfg.scheduler.stream_interval > 1)
     rec.sink = request_sink
     replicas: list[Replica] = []
+    clocks: list = []  # per engine: costmodels.power.SustainedClock or None
     client_box: list[Client] = []
     fe_params, n_api, fe_prov = resolve_frontend(cfg, cost.calibration)
     frontend = None
@@ -179,9 +181,13 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
 
             sched.enable_lora(LoRAScheduling(lora_cfg, lora_load))
             lora_states.append(sched.lora)
-        replicas.append(Replica(env, sched, cost.step_seconds, rec, on_finish, i,
-                                max_concurrent_batches=batches, async_scheduling=async_sched,
-                                decode_seconds=cost.decode_step_seconds))
+        clock = sustained_clock(cost, lambda: env._now)  # (None: burst times)
+        clocks.append(clock)
+        replicas.append(Replica(env, sched, clock.step_seconds if clock else cost.step_seconds,
+                                rec, on_finish, i, max_concurrent_batches=batches,
+                                async_scheduling=async_sched,
+                                decode_seconds=clock.decode_seconds if clock
+                                else cost.decode_step_seconds))
 
     if len(replicas) > 1:  # (the engines' gauges and counters summed in each step row)
         rec.engine_rows = [(0, 0, 0.0, 0, 0, 0)] * len(replicas)
@@ -253,6 +259,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
         "gpu_busy_seconds": sum(r.busy_seconds for r in replicas),
         "wall_seconds": wall,
     }
+    if any(clocks):  # the power cap's slowdown charged to compute-bound work (costmodels.power)
+        counters["power_cap_seconds"] = sum(c.extra_seconds for c in clocks if c)
     if spec_totals is not None:
         counters.update(spec_totals.counters())
     if lora_states:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 import simpy
+from servesim.costmodels.power import sustained_clock
 from servesim.simulator.client import Client
 from servesim.simulator.cluster.config import ClusterConfig, InstanceGroup, RouterConfig, group_tree
 from servesim.simulator.cluster.disagg import (
@@ -106,10 +107,14 @@ class Instance:
         self.num_routed = 0
         self.connectors: list = []
         self._on_finish = on_finish
-        self.replica = ClusterReplica(env, sched, cost.step_seconds, rec, self._finished, index,
+        self.clock = sustained_clock(cost, lambda: env._now)  # (None: burst times)
+        clock = self.clock
+        self.replica = ClusterReplica(env, sched, clock.step_seconds if clock
+                                      else cost.step_seconds, rec, self._finished, index,
                                       max_concurrent_batches=batches,
                                       async_scheduling=async_sched,
-                                      decode_seconds=cost.decode_step_seconds)
+                                      decode_seconds=clock.decode_seconds if clock
+                                      else cost.decode_step_seconds)
 
     # -- what routers read ---------------------------------------------------------------------
     @property
@@ -437,6 +442,8 @@ def _instance_result(inst: Instance, env) -> RunResult:
         "num_replicas": 1, "sim_seconds": float(env.now),
         "gpu_busy_seconds": inst.replica.busy_seconds, "wall_seconds": 0.0,
     }
+    if inst.clock is not None:  # the power cap's slowdown charged (costmodels.power)
+        counters["power_cap_seconds"] = inst.clock.extra_seconds
     extras = {"instance": inst.name, "role": inst.role, "requests_routed": inst.num_routed}
     extras.update(_tier_extras([inst]))
     meta = {"num_prompts": inst.num_routed, "dataset_name": inst.name}
@@ -503,6 +510,9 @@ def _assemble(cfg, cl, plans, instances, client, rec, itl, link, workload, env, 
         "gpu_busy_seconds": sum(i.replica.busy_seconds for i in instances),
         "wall_seconds": wall,
     }
+    if any(i.clock is not None for i in instances):
+        counters["power_cap_seconds"] = sum(i.clock.extra_seconds for i in instances
+                                            if i.clock is not None)
     sim_s = float(env.now) or math.nan
     hw = sorted({i.cfg.hardware.name for i in instances})
     per_inst = []
