@@ -29,7 +29,8 @@ class Replica:
     def __init__(self, env: simpy.Environment, scheduler, step_seconds: Callable,
                  recorder: Recorder, on_finish: Callable[[Request], None], replica_id: int = 0,
                  max_concurrent_batches: int = 1, async_scheduling: bool = False,
-                 decode_seconds: Callable[[int, int], float] | None = None):
+                 decode_seconds: Callable[[int, int], float] | None = None,
+                 undo_step: Callable[[], None] | None = None):
         self.env = env
         # vLLM executors: max_concurrent_batches = pp, or 2 with async scheduling and pp == 1.
         self.max_concurrent_batches = max_concurrent_batches
@@ -43,6 +44,9 @@ class Replica:
         # Seconds of a decode-only step of (rows, context tokens): the cost model's fast
         # path for quiet steps (``StepCostModel.decode_step_seconds``), else step_seconds.
         self._decode_seconds = decode_seconds
+        # takes back the last step time asked for, when that step does not run (a stateful
+        # step time: costmodels.power.SustainedClock.undo)
+        self._undo_step = undo_step
         self.rec = recorder
         self.on_finish = on_finish
         self.replica_id = replica_id
@@ -272,7 +276,9 @@ class Replica:
                     now = env._now
                     dt = quiet_seconds()
                     end = now + dt  # (where env.timeout(dt) would land)
-                    if end >= peek:
+                    if end >= peek:  # (not run here: schedule() takes it after the event)
+                        if self._undo_step is not None:
+                            self._undo_step()
                         break
                     env._now = end
                     out, finished = sched.quiet_step(end, dt, itl_w)

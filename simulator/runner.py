@@ -187,7 +187,8 @@ def run_experiment(cfg: ExperimentConfig, *, resolved: bool = False,
                                 rec, on_finish, i, max_concurrent_batches=batches,
                                 async_scheduling=async_sched,
                                 decode_seconds=clock.decode_seconds if clock
-                                else cost.decode_step_seconds))
+                                else cost.decode_step_seconds,
+                                undo_step=clock.undo if clock else None))
 
     if len(replicas) > 1:  # (the engines' gauges and counters summed in each step row)
         rec.engine_rows = [(0, 0, 0.0, 0, 0, 0)] * len(replicas)

@@ -114,7 +114,8 @@ class Instance:
                                       max_concurrent_batches=batches,
                                       async_scheduling=async_sched,
                                       decode_seconds=clock.decode_seconds if clock
-                                      else cost.decode_step_seconds)
+                                      else cost.decode_step_seconds,
+                                      undo_step=clock.undo if clock else None)
 
     # -- what routers read ---------------------------------------------------------------------
     @property
