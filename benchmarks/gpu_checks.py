@@ -32,6 +32,9 @@ Sections (each independent; a failure is recorded and the next one runs):
 - ``duty``: the same two GEMMs interleaved, the compute-bound one taking 20-100% of the GPU's
   time in 20 ms cycles for 3 s after idling: each one's per-call time in the last 1.5 s
   against its burst time (how partial compute load throttles).
+- ``mix``: :class:`CompiledDecoder` serving-like: one 2,048-token prefill then ``k`` decode
+  steps (64 rows, context 1,024, from a CUDA graph), repeated for 3 s per ``k``; each kind's
+  step time in the last 1.5 s against its burst time (the power cap on real steps).
 - ``varlen_attention``: FlashAttention-2 through ``torch.nn.attention.varlen.varlen_attn`` (the
   varlen kernel family of vLLM's FlashAttention backend; vLLM runs FA3 on Hopper, which torch
   runs only with ``flash_attn_interface`` installed) for one prefill chunk after 0-16k cached
@@ -506,6 +509,67 @@ def duty(duties=(0.2, 0.4, 0.6, 0.8, 1.0), seconds: float = 3.0, cycle_s: float 
     return out
 
 
+def mix(ks=(0, 1, 3, 8), prefill_tokens: int = 2048, batch: int = 64, context: int = 1024,
+        seconds: float = 3.0) -> dict:
+    """Prefill and decode step times of :class:`CompiledDecoder` in bursts (after 1 s idle)
+    and interleaved back to back, one prefill then ``k`` decode steps (see the module
+    docstring)."""
+    m = LLAMA8B
+    dec = Decoder(m, max_kv_tokens=max(batch * (context + 1), prefill_tokens))
+    cd = CompiledDecoder(dec)
+    xp = torch.randn(prefill_tokens, m["hidden"], device="cuda", dtype=torch.bfloat16)
+    xd = torch.randn(batch, m["hidden"], device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        cd.forward(xp, 1, prefill_tokens, 0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            cd.forward(xd, batch, 1, context)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cd.forward(xd, batch, 1, context)
+    steps = {"prefill": lambda: cd.forward(xp, 1, prefill_tokens, 0), "decode": g.replay}
+
+    def timed(fn):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        return a, b
+
+    out: dict = {"prefill_tokens": prefill_tokens, "batch": batch, "context": context,
+                 "burst_s": {}, "rows": []}
+    for name, fn in steps.items():
+        ts = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            time.sleep(0.5)
+            a, b = timed(fn)
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        out["burst_s"][name] = statistics.median(ts)
+    for k in ks:
+        torch.cuda.synchronize()
+        time.sleep(1.0)
+        got: dict = {"prefill": [], "decode": []}
+        end = time.time() + seconds
+        half = time.time() + seconds / 2
+        while time.time() < end:
+            keep = time.time() >= half
+            evs = [("prefill", timed(steps["prefill"]))]
+            evs += [("decode", timed(steps["decode"])) for _ in range(k)]
+            evs[-1][1][1].synchronize()
+            if keep:
+                for name, (a, b) in evs:
+                    got[name].append(a.elapsed_time(b) / 1e3)
+        out["rows"].append({"k": k, **{f"{n}_s": statistics.median(v) if v else None
+                                       for n, v in got.items()}})
+    del g
+    return out
+
+
 # -- varlen (FlashAttention-2) attention with a cached prefix -----------------------------------
 
 def _causal_pairs(c: int, p: int) -> float:
@@ -608,7 +672,7 @@ def varlen_attention(layouts=((32, 8, 128), (16, 2, 128)),
 
 
 SECTIONS = {"correctness": correctness, "graph_gemm": graph_gemm, "step": step,
-            "compiled_step": compiled_step, "sustained": sustained, "duty": duty,
+            "compiled_step": compiled_step, "sustained": sustained, "duty": duty, "mix": mix,
             "varlen_attention": varlen_attention}
 
 

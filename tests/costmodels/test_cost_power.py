@@ -262,3 +262,30 @@ def test_estimate_reports_the_back_to_back_step(capsys):
     text = est("h100-sxm")
     assert "back to back: 232.861 ms a step, +14.5%" in text
     assert json.loads(est("a100-sxm4-80gb", "--json"))["sustained_step_seconds"] is None
+
+
+def test_serving_like_steps_on_an_h100_replayed_through_the_clock():
+    """gpu_checks_h100-sxm.json, mix: the compiled decoder's 2,048-token prefill followed by
+    k = 0 / 1 / 3 / 8 decode steps (64 rows), back to back; replayed with the measured burst
+    times and the cost model's compute fractions (prefill 0.87, decode 0), the clock's
+    prefill slowdown is within 0.03 of the measured one (1.124 / 1.104 / 1.050 / 1.037x)."""
+    d = json.loads((REPO / "benchmarks" / "data" / "gpu_checks_h100-sxm.json")
+                   .read_text())["mix"]
+    m = build_cost_model(make_cfg("model.name=llama-3.1-8b", "hardware.name=h100-sxm"))
+    fp = m.compute_seconds(prefill(2048)) / m.step_seconds(prefill(2048))
+    assert fp == pytest.approx(0.873, abs=0.001)
+    assert m.compute_seconds(decode(64, 1024)) == 0.0
+    bp, bd = d["burst_s"]["prefill"], d["burst_s"]["decode"]
+    got, want = [], []
+    for r in d["rows"]:
+        t = [0.0]
+        c = clock(t)
+        for _ in range(100):
+            x = c.step_seconds((bp, bp * fp))
+            t[0] += x
+            for _ in range(r["k"]):
+                t[0] += c.step_seconds((bd, 0.0))
+        got.append(round(x / bp, 3))
+        want.append(round(r["prefill_s"] / bp, 3))
+    assert want == [1.124, 1.104, 1.05, 1.037]
+    assert got == [1.132, 1.093, 1.048, 1.01]
