@@ -2,8 +2,9 @@
 the burst timings the step cost model charges.
 
 Kernel tables (aiconfigurator's, ``simulate calibrate``'s) time kernels in short runs, at
-most ~30 ms of one shape at a time, before the cap has bitten (boost clocks). Run compute-bound work back to back and an H100 or H200 reaches its
-700 W cap, and the SM clock drops from 1,980 to about 1,350 MHz
+most ~30 ms of one shape at a time, before the cap has bitten (boost clocks). Run
+compute-bound work back to back and an H100 or H200 reaches its 700 W cap, and the SM clock
+drops from 1,980 to about 1,350 MHz
 (``benchmarks/data/gpu_checks_<gpu>.json``, sections ``sustained`` and ``duty``; summary in
 ``configs/calibration/README.md``). The slowdown of compute-bound work depends on the share of
 the GPU's time spent in it over the last ~100 ms. It is nothing below a threshold and about
@@ -16,8 +17,9 @@ the GPU's time spent in it over the last ~100 ms. It is nothing below a threshol
   contributes share ``d = c / dt``; idle time contributes 0. One ``τ`` both ways, because the
   measured slowdown follows the share averaged over cycles shorter than ``τ``. It
   over-charges the first ~70 ms of load after idle, where the cap has not bitten yet.
-- The step's mean share is ``ū = d + (u₀ − d)·(τ/dt)·(1 − e^(−dt/τ))``, where ``u₀`` is the
-  share when the step starts. The step leaves the share its slowed compute time over its
+- The step's mean share is ``ū = d + (u₀ − d)·(τ/b)·(1 − e^(−b/τ))``, where ``u₀`` is the
+  share when the step starts and ``b`` the time the step holds the GPU (``dt``; ``dt / pp``
+  for one stage of ``pp``). The step leaves the share its slowed compute time over its
   slowed time, averaged over how long the slowed step holds the GPU.
 - The step's compute-bound work is charged ``c·(F(ū) − 1)`` s more. ``F`` interpolates the
   measured (share, factor) points of ``HardwareSpec.power_cap_curve``, from (0, 1), and is
@@ -136,6 +138,7 @@ def sustained_step_seconds(cost, batch: BatchShape) -> float | None:
     for _ in range(50):
         x = c * (_factor(pts, (c + x) / (dt + x)) - 1.0)
     return dt + x
+
 
 def sustained_clock(cost, now: Callable[[], float]) -> SustainedClock | None:
     """A :class:`SustainedClock` for ``cost``'s GPU, or None without a measured curve."""
