@@ -65,19 +65,45 @@ LLAMA8B = {"hidden": 4096, "inter": 14336, "heads": 32, "kv_heads": 8, "head_dim
            "layers": 32, "vocab": 128256}
 
 
+def bracketed(fn, n: int = 1) -> list[tuple]:
+    """``n`` calls of ``fn``, each between its own pair of CUDA events (read by
+    :func:`elapsed`)."""
+    pairs = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        pairs.append((a, b))
+    return pairs
+
+
+def elapsed(pairs: list[tuple]) -> list[float]:
+    """Seconds of each :func:`bracketed` call (waits for the last)."""
+    pairs[-1][1].synchronize()
+    return [a.elapsed_time(b) / 1e3 for a, b in pairs]
+
+
+def capture(fn, warmups: int = 1) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph, after ``warmups`` calls on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def cuda_median(fn, reps: int = 20, warmup: int = 3) -> float:
     """Median seconds of ``fn()`` over ``reps`` CUDA-event-timed calls (no L2 flush)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) / 1e3 for a, b in ev)
+    return statistics.median(elapsed(bracketed(fn, reps)))
 
 
 # -- correctness ---------------------------------------------------------------------------
@@ -139,16 +165,10 @@ def correctness() -> list[dict]:
 def graph_per_call(calls, reps: int = 10) -> float:
     """Median seconds per call of ``calls`` (callables) captured back to back in one CUDA graph
     (no host launch cost: vLLM's decode steps replay graphs)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+    def all_calls():
         for c in calls:
             c()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
+    g = capture(all_calls)
     t = cuda_median(g.replay, reps=reps) / len(calls)
     del g
     return t
@@ -282,14 +302,7 @@ def step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256
     for batch, context in decode:
         x = torch.randn(batch, m["hidden"], device="cuda", dtype=torch.bfloat16)
         eager = cuda_median(lambda x=x, b=batch, c=context: dec.forward(x, b, 1, c, b), reps=5)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            dec.forward(x, batch, 1, context, batch)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            dec.forward(x, batch, 1, context, batch)
+        g = capture(lambda x=x, b=batch, c=context: dec.forward(x, b, 1, c, b))
         graphed = cuda_median(g.replay, reps=20)
         del g
         out.append({"kind": "decode", "batch": batch, "context": context,
@@ -373,15 +386,7 @@ def compiled_step(decode=((1, 1024), (8, 1024), (32, 1024), (64, 1024), (128, 10
         out.append({"kind": "prefill", "tokens": tokens, "compiled_s": t})
     for batch, context in decode:
         x = torch.randn(batch, m["hidden"], device=dev, dtype=torch.bfloat16)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                cd.forward(x, batch, 1, context)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            cd.forward(x, batch, 1, context)
+        g = capture(lambda x=x, b=batch, c=context: cd.forward(x, b, 1, c), warmups=2)
         out.append({"kind": "decode", "batch": batch, "context": context,
                     "graph_s": cuda_median(g.replay, reps=20)})
         del g
@@ -454,16 +459,9 @@ def duty(duties=(0.2, 0.4, 0.6, 0.8, 1.0), seconds: float = 3.0, cycle_s: float 
     xm = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
 
     def timed(x, n):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n)]
-        for a, b in zip(ev[::2], ev[1::2]):
-            a.record()
-            x @ w.t()
-            b.record()
-        return ev
+        return bracketed(lambda: x @ w.t(), n)
 
-    def per_call(ev):
-        ev[-1].synchronize()
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(ev[::2], ev[1::2])]
+    per_call = elapsed
 
     for x in (xc, xm):
         per_call(timed(x, 3))
@@ -521,24 +519,8 @@ def mix(ks=(0, 1, 3, 8), prefill_tokens: int = 2048, batch: int = 64, context: i
     xd = torch.randn(batch, m["hidden"], device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         cd.forward(xp, 1, prefill_tokens, 0)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            cd.forward(xd, batch, 1, context)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        cd.forward(xd, batch, 1, context)
+    g = capture(lambda: cd.forward(xd, batch, 1, context), warmups=2)
     steps = {"prefill": lambda: cd.forward(xp, 1, prefill_tokens, 0), "decode": g.replay}
-
-    def timed(fn):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        return a, b
-
     out: dict = {"prefill_tokens": prefill_tokens, "batch": batch, "context": context,
                  "burst_s": {}, "rows": []}
     for name, fn in steps.items():
@@ -546,9 +528,7 @@ def mix(ks=(0, 1, 3, 8), prefill_tokens: int = 2048, batch: int = 64, context: i
         for _ in range(3):
             torch.cuda.synchronize()
             time.sleep(0.5)
-            a, b = timed(fn)
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
+            ts += elapsed(bracketed(fn))
         out["burst_s"][name] = statistics.median(ts)
     for k in ks:
         torch.cuda.synchronize()
@@ -558,12 +538,11 @@ def mix(ks=(0, 1, 3, 8), prefill_tokens: int = 2048, batch: int = 64, context: i
         half = time.time() + seconds / 2
         while time.time() < end:
             keep = time.time() >= half
-            evs = [("prefill", timed(steps["prefill"]))]
-            evs += [("decode", timed(steps["decode"])) for _ in range(k)]
-            evs[-1][1][1].synchronize()
+            pre, dec_ = bracketed(steps["prefill"]), bracketed(steps["decode"], k)
+            pre_s, dec_s = elapsed(pre), elapsed(dec_) if k else []
             if keep:
-                for name, (a, b) in evs:
-                    got[name].append(a.elapsed_time(b) / 1e3)
+                got["prefill"] += pre_s
+                got["decode"] += dec_s
         out["rows"].append({"k": k, **{f"{n}_s": statistics.median(v) if v else None
                                        for n, v in got.items()}})
     del g

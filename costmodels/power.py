@@ -37,6 +37,11 @@ from collections.abc import Callable
 from servesim.costmodels.batch import BatchShape
 
 
+def _points(hw) -> tuple[tuple[float, float], ...]:
+    """``hw``'s measured (share, factor) points, from (0, 1)."""
+    return ((0.0, 1.0),) + tuple(hw.power_cap_curve)
+
+
 def _factor(pts: tuple[tuple[float, float], ...], share: float) -> float:
     """The measured points ``pts`` (from (0, 1)) interpolated at ``share``, flat past the last."""
     if share >= pts[-1][0]:
@@ -61,7 +66,7 @@ class SustainedClock:
         self.now = now
         self.tau = spec.power_cap_tau_s
         self.stages = max(1, int(getattr(cost, "pp", 1) or 1))
-        self.points = ((0.0, 1.0),) + tuple(spec.power_cap_curve)
+        self.points = _points(spec)
         self.u = 0.0  # compute share when the GPU last became free
         self.free = 0.0  # when the GPU's last step ends (s)
         self._shape = BatchShape()
@@ -130,7 +135,7 @@ def sustained_step_seconds(cost, batch: BatchShape) -> float | None:
     fixed point, by iteration from ``u = c / dt``."""
     if not cost.hw.power_cap_curve:
         return None
-    pts = ((0.0, 1.0),) + tuple(cost.hw.power_cap_curve)
+    pts = _points(cost.hw)
     dt, c = cost.step_seconds(batch), cost.compute_seconds(batch)
     if c <= 0 or dt <= 0:
         return dt

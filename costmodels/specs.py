@@ -209,13 +209,12 @@ def load_hardware_spec(hw_cfg: HardwareConfig) -> HardwareSpec:
     curve = merged.get("power_cap_curve")
     if curve is not None:
         kw["power_cap_curve"] = _power_cap_curve(curve, file or "hardware")
-    for k in ("power_cap_tau_s",):
-        tau = merged.get(k)
-        if tau is not None:
-            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < 10:
-                raise ConfigError(f"{file or 'hardware'}: {k} must be seconds in (0, 10), "
-                                  f"got {tau!r}")
-            kw[k] = float(tau)
+    tau = merged.get("power_cap_tau_s")
+    if tau is not None:
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < 10:
+            raise ConfigError(f"{file or 'hardware'}: power_cap_tau_s must be seconds in "
+                              f"(0, 10), got {tau!r}")
+        kw["power_cap_tau_s"] = float(tau)
     return HardwareSpec(**kw)
 
 
